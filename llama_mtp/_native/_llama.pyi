@@ -1,0 +1,6 @@
+from typing import Any
+
+import cffi
+
+ffi: cffi.FFI
+lib: Any

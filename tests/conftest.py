@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 import llama_mtp as lm
 from llama_mtp.tiny import write_tiny_model
-
-ROOT = Path(__file__).resolve().parent.parent
-VOCAB_DIR = ROOT / "vendor" / "llama.cpp" / "models"
 
 # name -> TinySpec overrides
 MODELS = {
@@ -50,20 +46,3 @@ def trunk(model_path) -> lm.Model:
     m = lm.Model(model_path("trunk"))
     yield m
     m.close()
-
-
-def greedy_reference(model: lm.Model, prompt: list[int], n: int, **ctx_kw) -> list[int]:
-    """Plain greedy decoding, one token per decode: the ground truth."""
-    with lm.Context(model, n_ctx=ctx_kw.pop("n_ctx", 512), **ctx_kw) as ctx:
-        b = lm.Batch(max(len(prompt), 1))
-        b.extend(prompt, 0, 0)
-        ctx.decode(b)
-        out = [int(np.argmax(ctx.logits(-1)))]
-        pos = len(prompt)
-        while len(out) < n:
-            b.clear()
-            b.add(out[-1], pos, 0, output=True)
-            ctx.decode(b)
-            out.append(int(np.argmax(ctx.logits(-1))))
-            pos += 1
-        return out

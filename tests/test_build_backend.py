@@ -12,10 +12,26 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
-from build_backend import SETTING_BACKEND, _backend_choice  # noqa: E402
-from build_backend import source  # noqa: E402
+
+def _load_build_backend():  # type: ignore[no-untyped-def]
+    """Import build_backend from the checkout without putting the checkout on sys.path
+    (which would shadow the installed llama_mtp with the uncompiled source tree)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "build_backend", ROOT / "build_backend" / "__init__.py",
+        submodule_search_locations=[str(ROOT / "build_backend")],
+    )
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["build_backend"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+bb = _load_build_backend()
+SETTING_BACKEND, _backend_choice, source = bb.SETTING_BACKEND, bb._backend_choice, bb.source
 
 
 def test_pin_is_complete() -> None:
@@ -154,7 +170,9 @@ def test_vendor_source_is_not_tracked() -> None:
 
 
 def test_cdef_matches_the_header() -> None:
-    from build_backend import check_header_drift as drift
+    import importlib
+
+    drift = importlib.import_module("build_backend.check_header_drift")
 
     llama_cpp = ROOT / "vendor" / "llama.cpp"
     if not (llama_cpp / "include" / "llama.h").exists():

@@ -7,7 +7,7 @@ import pytest
 
 import llama_mtp as lm
 
-from .conftest import greedy_reference
+from helpers import greedy_reference
 
 PROMPT_TEXT = "Multi-token prediction drafts several tokens ahead"
 

@@ -10,7 +10,7 @@ import pytest
 import llama_mtp as lm
 from llama_mtp.tiny import DEMO_TEXT, TinySpec
 
-from .conftest import VOCAB_DIR
+from helpers import VOCAB_DIR
 
 
 def test_properties(planted: lm.Model) -> None:

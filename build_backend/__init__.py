@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from scikit_build_core import build as _skb
-
 from .source import SETTING_DIR, SourceError, ensure_source, needs_fetch
 
 __all__ = [
@@ -50,6 +48,13 @@ def _backend_choice(config_settings: Mapping[str, Any] | None) -> str:
     return ",".join(parts)
 
 
+def _skb() -> Any:
+    # imported lazily: the helpers above are importable (and tested) without it
+    from scikit_build_core import build
+
+    return build
+
+
 def _prepare(config_settings: Mapping[str, Any] | None) -> None:
     _backend_choice(config_settings)
     ensure_source(config_settings)
@@ -62,23 +67,23 @@ def _extra_requires(config_settings: Mapping[str, Any] | None) -> list[str]:
 
 
 def get_requires_for_build_wheel(config_settings: Mapping[str, Any] | None = None) -> list[str]:
-    return [*_skb.get_requires_for_build_wheel(config_settings), *_extra_requires(config_settings)]
+    return [*_skb().get_requires_for_build_wheel(config_settings), *_extra_requires(config_settings)]
 
 
 def get_requires_for_build_editable(config_settings: Mapping[str, Any] | None = None) -> list[str]:
-    return [*_skb.get_requires_for_build_editable(config_settings), *_extra_requires(config_settings)]
+    return [*_skb().get_requires_for_build_editable(config_settings), *_extra_requires(config_settings)]
 
 
 def get_requires_for_build_sdist(config_settings: Mapping[str, Any] | None = None) -> list[str]:
-    return [*_skb.get_requires_for_build_sdist(config_settings), *_extra_requires(config_settings)]
+    return [*_skb().get_requires_for_build_sdist(config_settings), *_extra_requires(config_settings)]
 
 
 def prepare_metadata_for_build_wheel(metadata_directory: str, config_settings: Mapping[str, Any] | None = None) -> str:
-    return _skb.prepare_metadata_for_build_wheel(metadata_directory, config_settings)
+    return _skb().prepare_metadata_for_build_wheel(metadata_directory, config_settings)
 
 
 def prepare_metadata_for_build_editable(metadata_directory: str, config_settings: Mapping[str, Any] | None = None) -> str:
-    return _skb.prepare_metadata_for_build_editable(metadata_directory, config_settings)
+    return _skb().prepare_metadata_for_build_editable(metadata_directory, config_settings)
 
 
 def build_wheel(
@@ -87,7 +92,7 @@ def build_wheel(
     metadata_directory: str | None = None,
 ) -> str:
     _prepare(config_settings)
-    return _skb.build_wheel(wheel_directory, config_settings, metadata_directory)
+    return _skb().build_wheel(wheel_directory, config_settings, metadata_directory)
 
 
 def build_editable(
@@ -96,7 +101,7 @@ def build_editable(
     metadata_directory: str | None = None,
 ) -> str:
     _prepare(config_settings)
-    return _skb.build_editable(wheel_directory, config_settings, metadata_directory)
+    return _skb().build_editable(wheel_directory, config_settings, metadata_directory)
 
 
 def build_sdist(sdist_directory: str, config_settings: Mapping[str, Any] | None = None) -> str:
@@ -105,4 +110,4 @@ def build_sdist(sdist_directory: str, config_settings: Mapping[str, Any] | None 
         raise SourceError("an sdist always embeds the pinned vendor/llama.cpp; unset llama_mtp.llama-cpp-dir")
     os.environ.pop("LLAMA_MTP_LLAMA_CPP_DIR", None)
     _prepare(config_settings)
-    return _skb.build_sdist(sdist_directory, config_settings)
+    return _skb().build_sdist(sdist_directory, config_settings)

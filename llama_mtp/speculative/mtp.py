@@ -1,0 +1,265 @@
+"""MTPDrafter: the MTP head's own context, kept in step with the target.
+
+Data flow (position p, token x_p, target hidden row h_p):
+
+* The MTP entry at position p is ``(x_p, h_{p-1})``; it predicts ``x_{p+1}``.
+  The MTP context's KV must hold correct entries for every position the target
+  has accepted ("catch-up"), paired with the *target's* hidden rows.
+* A draft for a sequence whose next token ``id_last`` sits at ``pos0`` starts
+  with ``(id_last, h_{pos0-1})`` at ``pos0`` -- a correct entry, kept -- and then
+  feeds back its own tokens with the MTP's own hidden rows; those entries are
+  trimmed once the draft is made.
+* Catch-up rows are not decoded on their own: they are queued and ride along
+  in the first draft decode of the next round (one MTP decode fewer per step
+  than upstream's driver, which re-decodes the whole draft after every verify
+  and then rolls the rejected part back).
+
+All drafting sequences share **one MTP-context decode per draft position**.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..batch import Batch
+from ..context import Context
+from ..errors import LlamaError, MTPUnavailableError
+from ..model import Model
+from ..params import ContextParams
+from ..sampling import Distribution, Sampler
+
+__all__ = ["Draft", "DraftRequest", "MTPDrafter"]
+
+
+@dataclass
+class DraftRequest:
+    """Draft for sequence ``seq`` whose next token ``token`` sits at ``pos``, with
+    ``hidden`` the target's hidden row of the position before (``h_{pos-1}``)."""
+
+    seq: int
+    token: int
+    pos: int
+    hidden: npt.NDArray[np.float32]
+    n_max: int
+    n_min: int = 0
+    p_min: float = 0.0
+    sampler: Sampler | None = None          # set: draw drafts from q (rejection sampling)
+    history: list[int] = field(default_factory=list)  # for the sampler's penalties
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    q: list[Distribution] | None = None    # the distributions the tokens were drawn from
+    p_top: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Queue:
+    next_pos: int = 0                        # first position neither in the MTP KV nor queued
+    tokens: list[int] = field(default_factory=list)
+    hidden: list[npt.NDArray[np.float32]] = field(default_factory=list)
+
+    @property
+    def start(self) -> int:
+        return self.next_pos - len(self.tokens)
+
+
+TOP_K_P = 10  # like upstream's draft sampler: p_min is judged among the top 10
+
+
+class MTPDrafter:
+    """The MTP context of a speculative setup (on the target model, or on an MTP
+    sidecar GGUF that holds only the MTP head)."""
+
+    name = "mtp"
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        n_ctx: int,
+        n_seq_max: int,
+        n_batch: int,
+        params: ContextParams | None = None,
+        mtp_model: Model | None = None,
+    ) -> None:
+        head = mtp_model or model
+        head.require_mtp()
+        if mtp_model is not None:
+            if mtp_model.n_embd_out != model.n_embd_out or mtp_model.n_vocab != model.n_vocab:
+                raise MTPUnavailableError(
+                    f"the MTP model {mtp_model.path.name} does not match the target: hidden width "
+                    f"{mtp_model.n_embd_out} vs {model.n_embd_out}, vocabulary {mtp_model.n_vocab} vs {model.n_vocab}"
+                )
+        base = params or ContextParams()
+        self.ctx = Context(head, base.replace(n_ctx=n_ctx, n_seq_max=n_seq_max, n_batch=n_batch,
+                                              n_ubatch=min(n_batch, base.n_ubatch or n_batch), n_rs_seq=0), mtp=True)
+        self.n_vocab = head.n_vocab
+        self.hidden_dim = self.ctx.hidden_dim
+        self.batch = Batch(self.ctx.n_batch, hidden_dim=self.hidden_dim)
+        self._queues: dict[int, _Queue] = {}
+        self._zero = np.zeros(self.hidden_dim, dtype=np.float32)
+        self.decodes = 0
+
+    def close(self) -> None:
+        self.ctx.close()
+
+    # ------------------------------------------------------------ sequences
+
+    def _q(self, seq: int) -> _Queue:
+        q = self._queues.get(seq)
+        if q is None:
+            q = self._queues[seq] = _Queue()
+        return q
+
+    def remove(self, seq: int) -> None:
+        """Forget a sequence: its queue and its MTP memory."""
+        self._queues.pop(seq, None)
+        self.ctx.memory.seq_rm(seq, -1, -1)
+
+    def next_pos(self, seq: int) -> int:
+        return self._q(seq).next_pos
+
+    def pending(self, seq: int) -> int:
+        """Catch-up rows queued for ``seq``."""
+        return len(self._q(seq).tokens)
+
+    def catch_up(self, seq: int, tokens: list[int], pos0: int, hidden: npt.NDArray[np.float32]) -> None:
+        """Queue MTP entries ``(tokens[i], hidden[i])`` at ``pos0 + i``; ``hidden[i]`` is
+        the target's row of the position before. Entries the MTP already holds are
+        skipped; they are decoded with the next draft (or :meth:`flush`)."""
+        q = self._q(seq)
+        skip = q.next_pos - pos0
+        if skip < 0:
+            raise LlamaError(f"MTP catch-up for sequence {seq} skips positions {q.next_pos}..{pos0 - 1}")
+        for i in range(skip, len(tokens)):
+            q.tokens.append(int(tokens[i]))
+            q.hidden.append(np.array(hidden[i], dtype=np.float32))
+        q.next_pos = max(q.next_pos, pos0 + len(tokens))
+
+    def _add_queued(self, seqs: list[int], room: int) -> list[tuple[int, int]]:
+        """Put queued rows of ``seqs`` into the batch (up to ``room``); returns what was taken."""
+        taken = []
+        b = self.batch
+        for seq in seqs:
+            q = self._queues.get(seq)
+            if q is None or not q.tokens or room <= 0:
+                continue
+            n = min(len(q.tokens), room)
+            b.extend(q.tokens[:n], q.start, seq, outputs="none", hidden=np.stack(q.hidden[:n]))
+            taken.append((seq, n))
+            room -= n
+        return taken
+
+    def _consume(self, taken: list[tuple[int, int]]) -> None:
+        for seq, n in taken:
+            q = self._queues[seq]
+            del q.tokens[:n]
+            del q.hidden[:n]
+
+    def flush(self, seqs: list[int] | None = None) -> int:
+        """Decode queued catch-up rows now; returns how many decodes that took."""
+        order = list(self._queues) if seqs is None else seqs
+        n_dec = 0
+        while any(self._queues.get(s) and self._queues[s].tokens for s in order):
+            self.batch.clear()
+            taken = self._add_queued(order, self.batch.capacity)
+            self.ctx.decode(self.batch)
+            self._consume(taken)
+            n_dec += 1
+        self.decodes += n_dec
+        return n_dec
+
+    def prefill(self, seq: int, tokens: npt.NDArray[np.int32] | list[int], pos0: int,
+                hidden_prev: npt.NDArray[np.float32]) -> None:
+        """Catch up a prompt chunk now: ``hidden_prev[i]`` is the target row before ``tokens[i]``."""
+        self.catch_up(seq, list(tokens), pos0, hidden_prev)
+        self.flush([seq])
+
+    # ------------------------------------------------------------ drafting
+
+    def draft(self, requests: list[DraftRequest]) -> dict[int, Draft]:
+        """Draft for every request, one MTP decode per draft position.
+
+        The first decode also carries every queued catch-up row (of any sequence,
+        as far as the batch has room), then the start row of each request.
+        """
+        out = {r.seq: Draft(tokens=[], q=[] if r.sampler is not None else None) for r in requests}
+        live = [r for r in requests if r.n_max > 0]
+        if not live:
+            return out
+        b = self.batch
+        cap = b.capacity
+        # queued rows of the requesting sequences must go first (their start rows follow them)
+        want = {r.seq for r in live}
+        for r in live:
+            q = self._q(r.seq)
+            if q.next_pos != r.pos:
+                raise LlamaError(f"MTP context of sequence {r.seq} is at position {q.next_pos}, draft asked at {r.pos}")
+        if sum(self.pending(s) for s in want) + len(live) > cap:
+            self.flush(sorted(want))  # too much backlog for one batch: catch up separately first
+        b.clear()
+        taken = self._add_queued([r.seq for r in live], cap - len(live))
+        others = [s for s in self._queues if s not in want]
+        taken += self._add_queued(others, cap - len(live) - b.n_tokens)
+        for r in live:
+            b.add(r.token, r.pos, r.seq, output=True, hidden=r.hidden)
+        active = live
+        step = 0
+        while active:
+            self.ctx.decode(b)
+            self.decodes += 1
+            if step == 0:
+                self._consume(taken)
+                for r in live:
+                    q = self._q(r.seq)
+                    q.next_pos = r.pos + 1  # the start row is a correct entry: keep it
+            logits = self.ctx.logits_all()
+            hidden = self.ctx.hidden_all()
+            nxt: list[DraftRequest] = []
+            rows: list[tuple[int, npt.NDArray[np.float32]]] = []
+            for j, r in enumerate(active):
+                d = out[r.seq]
+                row = logits[j]
+                if r.sampler is not None:
+                    dist = r.sampler.distribution(row, r.history + d.tokens)
+                    tok = int(dist[0][r.sampler.draw(dist[1])])
+                    assert d.q is not None
+                    d.q.append(dist)
+                else:
+                    tok = int(np.argmax(row))
+                if r.p_min > 0.0:
+                    top = np.partition(row, len(row) - TOP_K_P)[len(row) - TOP_K_P:] if len(row) > TOP_K_P else row
+                    p = float(np.exp(row[tok] - top.max()) / np.exp(top - top.max()).sum())
+                    d.p_top.append(p)
+                    if p < r.p_min:
+                        if d.q is not None:
+                            d.q.pop()
+                        continue  # not confident enough: stop this sequence's draft
+                d.tokens.append(tok)
+                if len(d.tokens) < r.n_max:
+                    nxt.append(r)
+                    rows.append((tok, np.array(hidden[j])))
+            step += 1
+            if not nxt:
+                break
+            b.clear()
+            for r, (tok, h) in zip(nxt, rows):
+                b.add(tok, r.pos + len(out[r.seq].tokens), r.seq, output=True, hidden=h)
+            active = nxt
+        del logits, hidden
+        for r in live:
+            # entries past the start row were fed the MTP's own hidden rows: trim them
+            if len(out[r.seq].tokens) > 1:
+                self.ctx.memory.seq_rm(r.seq, r.pos + 1, -1)
+            if len(out[r.seq].tokens) < r.n_min:
+                out[r.seq] = Draft(tokens=[], q=[] if r.sampler is not None else None)
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        return {"decodes": self.decodes, "queued": {s: len(q.tokens) for s, q in self._queues.items()}}

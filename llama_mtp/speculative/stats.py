@@ -1,0 +1,133 @@
+"""Speculation statistics, per sequence and per engine.
+
+Names follow llama-server where they overlap (``draft_n``, ``draft_n_accepted``)
+and vLLM for the per-position counts (``accepted_per_position``, ``num_drafts``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["EngineStats", "SpecStats"]
+
+
+@dataclass
+class SpecStats:
+    """What speculation did for one sequence (or, summed, for an engine)."""
+
+    draft_n: int = 0                 # draft tokens proposed and verified
+    draft_n_accepted: int = 0        # of those, accepted
+    steps: int = 0                   # target decodes (verify steps) while generating
+    num_drafts: int = 0              # verify steps that carried at least one draft token
+    predicted_n: int = 0             # tokens generated
+    accepted_per_position: list[int] = field(default_factory=list)  # [i]: drafts accepted at position i
+    drafted_per_position: list[int] = field(default_factory=list)   # [i]: drafts proposed at position i
+    by_drafter: dict[str, list[int]] = field(default_factory=dict)  # name -> [drafted, accepted]
+    draft_length_hist: dict[int, int] = field(default_factory=dict)  # chosen draft length -> steps
+    rollbacks: int = 0               # verify steps that rolled rejected drafts back
+    checkpoint_restores: int = 0     # of those, through a checkpoint (+ replay) instead of n_rs_seq
+
+    def record(self, drafter: str | None, n_drafted: int, n_accepted: int) -> None:
+        self.steps += 1
+        self.draft_length_hist[n_drafted] = self.draft_length_hist.get(n_drafted, 0) + 1
+        if n_drafted == 0:
+            return
+        self.num_drafts += 1
+        self.draft_n += n_drafted
+        self.draft_n_accepted += n_accepted
+        while len(self.drafted_per_position) < n_drafted:
+            self.drafted_per_position.append(0)
+            self.accepted_per_position.append(0)
+        for i in range(n_drafted):
+            self.drafted_per_position[i] += 1
+        for i in range(n_accepted):
+            self.accepted_per_position[i] += 1
+        if drafter is not None:
+            d = self.by_drafter.setdefault(drafter, [0, 0])
+            d[0] += n_drafted
+            d[1] += n_accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.draft_n_accepted / self.draft_n if self.draft_n else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens per target decode: 1 + accepted / steps (llama-server's "mean len")."""
+        return 1.0 + self.draft_n_accepted / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_per_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    def merge(self, other: SpecStats) -> None:
+        for name in ("draft_n", "draft_n_accepted", "steps", "num_drafts", "predicted_n", "rollbacks",
+                     "checkpoint_restores"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for mine, theirs in ((self.accepted_per_position, other.accepted_per_position),
+                             (self.drafted_per_position, other.drafted_per_position)):
+            while len(mine) < len(theirs):
+                mine.append(0)
+            for i, v in enumerate(theirs):
+                mine[i] += v
+        for k, (d, a) in other.by_drafter.items():
+            mine_d = self.by_drafter.setdefault(k, [0, 0])
+            mine_d[0] += d
+            mine_d[1] += a
+        for k, v in other.draft_length_hist.items():
+            self.draft_length_hist[k] = self.draft_length_hist.get(k, 0) + v
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "draft_n": self.draft_n,
+            "draft_n_accepted": self.draft_n_accepted,
+            "acceptance_rate": round(self.acceptance_rate, 6),
+            "mean_accepted_length": round(self.mean_accepted_length, 6),
+            "accepted_per_position": list(self.accepted_per_position),
+            "acceptance_per_position": [round(x, 6) for x in self.acceptance_per_position],
+            "steps": self.steps,
+            "num_drafts": self.num_drafts,
+            "predicted_n": self.predicted_n,
+            "by_drafter": {k: {"drafted": d, "accepted": a} for k, (d, a) in self.by_drafter.items()},
+            "draft_length_hist": {str(k): v for k, v in sorted(self.draft_length_hist.items())},
+            "rollbacks": self.rollbacks,
+            "checkpoint_restores": self.checkpoint_restores,
+        }
+
+
+@dataclass
+class EngineStats:
+    """Where an engine's time went (seconds), and the speculation totals."""
+
+    prefill_s: float = 0.0           # target + MTP prompt processing
+    draft_s: float = 0.0             # MTP-context decodes while drafting (incl. merged catch-up rows)
+    verify_s: float = 0.0            # target decodes of the verify batches
+    catch_up_s: float = 0.0          # MTP-context decodes that carried catch-up rows only
+    restore_s: float = 0.0           # checkpoint saves and restores
+    step_s: float = 0.0              # wall time inside step()
+    steps: int = 0
+    spec: SpecStats = field(default_factory=SpecStats)
+
+    @property
+    def python_s(self) -> float:
+        """Time in step() not spent inside llama.cpp (sampling, bookkeeping, batch building)."""
+        return max(0.0, self.step_s - self.draft_s - self.verify_s - self.catch_up_s - self.restore_s)
+
+    @property
+    def python_share(self) -> float:
+        return self.python_s / self.step_s if self.step_s else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "prefill_s": self.prefill_s,
+            "draft_s": self.draft_s,
+            "verify_s": self.verify_s,
+            "catch_up_s": self.catch_up_s,
+            "restore_s": self.restore_s,
+            "python_s": self.python_s,
+            "step_s": self.step_s,
+            "steps": self.steps,
+            "python_share": round(self.python_share, 6),
+            "spec": self.spec.as_dict(),
+        }

@@ -75,12 +75,12 @@ def test_only_native_touches_ffi() -> None:
         if "_native" in path.parts:
             continue
         text = path.read_text()
-        if re.search(r"\b(ffi|lib)\.\w+|_native\._llama|from \._native import .*\b(ffi|lib)\b|_native\.(ffi|lib)\b", text):
+        if re.search(r"(?<![\w.])(ffi|lib)\.\w+|_native\._llama|from \._native import .*\b(ffi|lib)\b|_native\.(ffi|lib)\b", text):
             offenders.append(str(path.relative_to(ROOT)))
     assert offenders == []
 
 
-def test_import_has_no_side_effects() -> None:
+def test_import_has_no_side_effects(tmp_path: Path) -> None:
     code = (
         "import llama_mtp, llama_mtp._native._llama as m, logging;"
         "assert not logging.getLogger('llama_mtp.native').handlers;"
@@ -88,6 +88,7 @@ def test_import_has_no_side_effects() -> None:
     )
     import subprocess
 
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    # cwd elsewhere: `python -c` puts the cwd first on sys.path (the source tree would shadow the install)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok" and out.stderr == ""

@@ -1,0 +1,621 @@
+"""SpeculativeEngine: many sequences, one speculative step for all of them at once.
+
+One :meth:`SpeculativeEngine.step`:
+
+1. **Plan** each active sequence's draft length (its ``draft_max``, clamped by
+   what is left of ``max_tokens``, of its context, and of the shared batch).
+2. **Draft**: prompt lookup (n-gram) where enabled and it finds a match, the MTP
+   head otherwise -- one MTP-context decode per draft position for all sequences.
+3. **Verify**: one target decode holding, per sequence and contiguously,
+   ``[replay..., id_last, d_0 .. d_{k-1}]``, every draft row an output.
+4. **Accept** per sequence (greedy, sample-and-match or rejection sampling),
+   emit ``n_acc + 1`` tokens, apply stop conditions.
+5. **Roll back** the rejected tail: ``seq_rm`` (hybrid models through the
+   ``n_rs_seq`` snapshots); where that is refused, restore the partial checkpoint
+   taken before the verify and replay the accepted tokens in the next verify.
+6. **Catch up**: queue the accepted tokens with the target's hidden rows for the
+   MTP context (decoded with the next draft).
+
+Sequences join (:meth:`add`, prefill chunked by ``n_batch``) and leave
+(:meth:`remove`, or when they finish) between steps. Greedy output is token for
+token the output of plain decoding, whatever the drafts were.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from ..batch import Batch
+from ..context import Checkpoint, Context
+from ..errors import ClosedError, LlamaError
+from ..model import Model
+from ..params import ContextParams, SamplingParams, SpecParams
+from ..sampling import Sampler
+from .mtp import DraftRequest, MTPDrafter
+from .ngram import NgramDrafter
+from .stats import EngineStats, SpecStats
+from .verify import verify_greedy, verify_match, verify_rejection
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["ContextLengthError", "SequenceState", "SpeculativeEngine", "StepEvent"]
+
+FinishReason = Literal["stop", "length", "removed"]
+
+
+class ContextLengthError(LlamaError, ValueError):
+    """A prompt does not fit the per-sequence context."""
+
+
+@dataclass
+class SequenceState:
+    """A sequence as the engine sees it; ``tokens`` are the generated ones."""
+
+    seq_id: int
+    prompt: list[int]
+    tokens: list[int] = field(default_factory=list)
+    text: bytes = b""
+    finish_reason: FinishReason | None = None
+    stop_hit: str | None = None
+    stats: SpecStats = field(default_factory=SpecStats)
+    t_added: float = 0.0
+    t_first: float = 0.0
+    t_done: float = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def prompt_ms(self) -> float:
+        return (self.t_first - self.t_added) * 1e3
+
+    @property
+    def predicted_ms(self) -> float:
+        end = self.t_done if self.t_done else time.perf_counter()
+        return (end - self.t_first) * 1e3
+
+
+@dataclass
+class StepEvent:
+    """What one step produced for one sequence."""
+
+    seq_id: int
+    tokens: list[int]
+    finished: bool
+    finish_reason: FinishReason | None
+
+
+@dataclass
+class _Seq:
+    state: SequenceState
+    sampling: SamplingParams
+    spec: SpecParams
+    sampler: Sampler
+    draft_sampler: Sampler
+    accept_sampler: Sampler
+    max_tokens: int
+    stop: tuple[bytes, ...]
+    stop_tokens: frozenset[int]
+    ignore_eos: bool
+    history: list[int]
+    id_last: int = -1
+    pos0: int = 0                         # where id_last goes
+    kv_pos: int = 0                       # target KV holds positions < kv_pos
+    pending_h: npt.NDArray[np.float32] | None = None   # target hidden of pos0 - 1
+    rebuild: bool = False
+
+    @property
+    def seq(self) -> int:
+        return self.state.seq_id
+
+    @property
+    def backlog(self) -> list[int]:
+        """Accepted tokens the target KV does not hold yet (a replay after a checkpoint restore)."""
+        return self.history[self.kv_pos: self.pos0]  # history[p] is the token at position p
+
+
+class SpeculativeEngine:
+    """Speculative decoding for up to ``max_sequences`` sequences at once.
+
+    >>> with SpeculativeEngine(model, max_sequences=4) as eng:     # doctest: +SKIP
+    ...     a = eng.add(model.tokenize("Hello"), max_tokens=64)
+    ...     while eng.active:
+    ...         eng.step()
+    ...     print(eng.sequence(a).tokens, eng.stats.spec.acceptance_rate)
+
+    ``n_ctx`` is the context of *each* sequence. ``draft_max`` bounds every
+    sequence's draft length (and sizes the recurrent-state snapshots that make
+    rollback cheap). ``mtp=False`` runs plain decoding (or n-gram drafting only)
+    on models without an MTP head. ``rollback="checkpoint"`` forces the
+    checkpoint + replay path even where snapshots would do (for tests and
+    benchmarks).
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        max_sequences: int = 1,
+        n_ctx: int = 4096,
+        draft_max: int = 3,
+        mtp: bool = True,
+        mtp_model: Model | None = None,
+        n_batch: int | None = None,
+        params: ContextParams | None = None,
+        spec: SpecParams | None = None,
+        sampling: SamplingParams | None = None,
+        rollback: Literal["auto", "checkpoint"] = "auto",
+    ) -> None:
+        if isinstance(max_sequences, bool) or not isinstance(max_sequences, int) or max_sequences < 1:
+            raise ValueError(f"max_sequences must be a positive integer, got {max_sequences!r}")
+        if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 8:
+            raise ValueError(f"n_ctx must be an integer >= 8, got {n_ctx!r}")
+        if isinstance(draft_max, bool) or not isinstance(draft_max, int) or not 0 <= draft_max <= 64:
+            raise ValueError(f"draft_max must be an integer in 0..64, got {draft_max!r}")
+        if rollback not in ("auto", "checkpoint"):
+            raise ValueError("rollback must be 'auto' or 'checkpoint'")
+        self._closed = False
+        self.model = model
+        self.default_spec = spec or SpecParams(draft_max=draft_max)
+        self.default_sampling = sampling or SamplingParams()
+        self.draft_max = draft_max
+        self.rollback = rollback
+        self.max_sequences = max_sequences
+        base = params or ContextParams()
+        need = max_sequences * (draft_max + 1)
+        n_batch = n_batch or max(512, need)
+        if n_batch < need:
+            raise ValueError(f"n_batch={n_batch} cannot hold one verify step: {max_sequences} sequences x "
+                             f"(draft_max {draft_max} + 1) = {need}")
+        n_ubatch = min(n_batch, base.n_ubatch or 512)
+        if n_ubatch < draft_max + 1:
+            n_ubatch = draft_max + 1
+        n_rs = draft_max if rollback == "auto" else 0
+        self.target = Context(
+            model,
+            base.replace(n_ctx=n_ctx * max_sequences, n_seq_max=max_sequences, n_batch=n_batch,
+                         n_ubatch=n_ubatch, n_rs_seq=n_rs),
+        )
+        try:
+            self.target.set_hidden_output(bool(mtp), masked=False)
+            self.n_ctx_seq = self.target.n_ctx_seq
+            self.drafter: MTPDrafter | None = None
+            if mtp:
+                self.drafter = MTPDrafter(model, n_ctx=n_ctx * max_sequences, n_seq_max=max_sequences,
+                                          n_batch=n_batch, params=base, mtp_model=mtp_model)
+        except BaseException:
+            self.target.close()
+            raise
+        self.ngram = NgramDrafter()
+        self._exact = self.target._exact_rollback  # attention-only memory: seq_rm always works
+        self._batch = Batch(self.target.n_batch)
+        self._seqs: dict[int, _Seq] = {}
+        self._done: dict[int, SequenceState] = {}
+        self._eog = model.eog_mask
+        self.stats = EngineStats()
+
+    # ------------------------------------------------------------ lifecycle
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.drafter is not None:
+            self.drafter.close()
+        self.target.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("SpeculativeEngine is closed")
+
+    @property
+    def active(self) -> list[int]:
+        """Sequence ids still generating."""
+        return [s for s, q in self._seqs.items() if not q.state.finished]
+
+    @property
+    def free_slots(self) -> int:
+        return self.max_sequences - len(self._seqs)
+
+    def sequence(self, seq_id: int) -> SequenceState:
+        q = self._seqs.get(seq_id)
+        if q is not None:
+            return q.state
+        if seq_id in self._done:
+            return self._done[seq_id]
+        raise KeyError(f"no sequence {seq_id}")
+
+    # ------------------------------------------------------------ joining
+
+    def add(
+        self,
+        prompt: Sequence[int] | str,
+        *,
+        max_tokens: int = 256,
+        sampling: SamplingParams | None = None,
+        spec: SpecParams | None = None,
+        stop: Iterable[str] = (),
+        stop_tokens: Iterable[int] = (),
+        ignore_eos: bool = False,
+        seq_id: int | None = None,
+    ) -> int:
+        """Prefill a new sequence (chunked by ``n_batch``) and sample its first token.
+        Returns its sequence id."""
+        return self.add_many([dict(prompt=prompt, max_tokens=max_tokens, sampling=sampling, spec=spec, stop=stop,
+                                   stop_tokens=stop_tokens, ignore_eos=ignore_eos, seq_id=seq_id)])[0]
+
+    def add_many(self, requests: list[dict]) -> list[int]:  # type: ignore[type-arg]
+        """Add several sequences with one shared, packed prefill."""
+        self._check_open()
+        if len(requests) > self.free_slots:
+            raise LlamaError(f"no free sequence slot: {len(self._seqs)} of {self.max_sequences} in use "
+                             "(remove finished sequences or raise max_sequences)")
+        new: list[_Seq] = []
+        taken = set(self._seqs)
+        for req in requests:
+            new.append(self._make_seq(taken=taken, **req))
+            taken.add(new[-1].seq)
+        for q in new:
+            self._seqs[q.seq] = q
+            self._done.pop(q.seq, None)
+        try:
+            self._prefill(new, sample_first=True)
+        except BaseException:
+            for q in new:
+                self._drop(q.seq)
+            raise
+        return [q.seq for q in new]
+
+    def _make_seq(self, *, taken: set[int], prompt: Sequence[int] | str, max_tokens: int = 256,
+                  sampling: SamplingParams | None = None, spec: SpecParams | None = None,
+                  stop: Iterable[str] = (), stop_tokens: Iterable[int] = (), ignore_eos: bool = False,
+                  seq_id: int | None = None) -> _Seq:
+        toks = self.model.tokenize(prompt) if isinstance(prompt, str) else self.model.check_tokens(prompt).tolist()
+        if not toks:
+            raise ValueError("the prompt is empty (no tokens)")
+        if len(toks) >= self.n_ctx_seq:
+            raise ContextLengthError(f"the prompt has {len(toks)} tokens; the per-sequence context holds "
+                                     f"{self.n_ctx_seq} (raise n_ctx)")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+        if seq_id is None:
+            seq_id = next(i for i in range(self.max_sequences) if i not in taken)
+        elif isinstance(seq_id, bool) or not isinstance(seq_id, int) or not 0 <= seq_id < self.max_sequences:
+            raise ValueError(f"seq_id must be in [0, {self.max_sequences}), got {seq_id!r}")
+        elif seq_id in taken:
+            raise LlamaError(f"sequence {seq_id} is in use")
+        sampling = sampling or self.default_sampling
+        spec = spec or self.default_spec
+        if spec.verify == "rejection" and sampling.greedy:
+            raise ValueError("verify='rejection' needs temperature > 0 (greedy decoding has nothing to sample)")
+        sampler = Sampler(sampling, self.model.n_vocab)
+        stops = tuple(s.encode("utf-8") for s in stop if s)
+        stop_ids = frozenset(int(t) for t in stop_tokens)
+        now = time.perf_counter()
+        return _Seq(
+            state=SequenceState(seq_id=seq_id, prompt=toks, t_added=now),
+            sampling=sampling, spec=spec, sampler=sampler,
+            draft_sampler=sampler.spawn(1), accept_sampler=sampler.spawn(2),
+            max_tokens=max_tokens, stop=stops, stop_tokens=stop_ids, ignore_eos=bool(ignore_eos),
+            history=list(toks),
+        )
+
+    def _prefill(self, seqs: list[_Seq], sample_first: bool) -> None:
+        """Decode each sequence's history[:pos] into both contexts, packed into
+        n_batch chunks; sample the first token when ``sample_first``."""
+        t0 = time.perf_counter()
+        b = self._batch
+        cap = b.capacity
+        todo = []
+        for q in seqs:
+            n = len(q.history) if sample_first else q.pos0
+            todo.append([q, 0, n])
+            if self.drafter is not None:
+                self.drafter.remove(q.seq)
+            self.target.memory.seq_rm(q.seq, -1, -1)
+        carry = {q.seq: np.zeros(self.target.hidden_dim, dtype=np.float32) for q in seqs}
+        while any(start < end for _, start, end in todo):
+            b.clear()
+            spans = []
+            for item in todo:
+                q, start, end = item
+                if start >= end or b.n_tokens >= cap:
+                    continue
+                n = min(end - start, cap - b.n_tokens)
+                last = start + n == end
+                flags = np.zeros(n, dtype=bool)
+                flags[-1] = last and sample_first
+                sl = b.extend(q.history[start:start + n], start, q.seq, outputs=flags)
+                spans.append((q, start, n, sl))
+                item[1] = start + n
+            self.target.decode(b)
+            hidden = self.target.hidden_all() if self.drafter is not None else None
+            for q, start, n, sl in spans:
+                if hidden is not None and self.drafter is not None:
+                    rows = hidden[sl]
+                    prev = np.vstack([carry[q.seq][None, :], rows[:-1]])
+                    self.drafter.catch_up(q.seq, q.history[start:start + n], start, prev)
+                    carry[q.seq] = np.array(rows[-1])
+                if start + n == (len(q.history) if sample_first else q.pos0):
+                    q.kv_pos = start + n
+                    if sample_first:
+                        q.pos0 = start + n
+                        q.id_last = q.sampler.sample(self.target.logits(sl.stop - 1), q.history)
+                    q.pending_h = carry[q.seq].copy() if hidden is not None else None
+            del hidden
+            if self.drafter is not None:
+                busy = [q.seq for q, *_ in spans if self.drafter.pending(q.seq) > cap // 2]
+                if busy:
+                    t1 = time.perf_counter()
+                    self.drafter.flush(busy)
+                    self.stats.catch_up_s += time.perf_counter() - t1
+        self.stats.prefill_s += time.perf_counter() - t0
+        now = time.perf_counter()
+        for q in seqs:
+            q.rebuild = False
+            if sample_first:
+                q.state.t_first = now
+                self._emit(q, [q.id_last])
+                if q.state.finished:
+                    self._finish(q)
+
+    # ------------------------------------------------------------ leaving
+
+    def remove(self, seq_id: int) -> SequenceState:
+        """Stop a sequence now and free its memory in both contexts."""
+        self._check_open()
+        q = self._seqs.get(seq_id)
+        if q is None:
+            if seq_id in self._done:
+                return self._done.pop(seq_id)
+            raise KeyError(f"no sequence {seq_id}")
+        if not q.state.finished:
+            q.state.finish_reason = "removed"
+            q.state.t_done = time.perf_counter()
+        self._drop(seq_id)
+        return q.state
+
+    def _drop(self, seq_id: int) -> None:
+        q = self._seqs.pop(seq_id, None)
+        if q is not None:
+            self._done[seq_id] = q.state
+        if not self.target.closed:
+            self.target.memory.seq_rm(seq_id, -1, -1)
+        if self.drafter is not None and not self.drafter.ctx.closed:
+            self.drafter.remove(seq_id)
+
+    def _finish(self, q: _Seq) -> None:
+        q.state.t_done = time.perf_counter()
+        self.stats.spec.merge(q.state.stats)
+        self._drop(q.seq)
+
+    # ------------------------------------------------------------ stepping
+
+    def _mtp_k(self, q: _Seq) -> int:
+        k = q.spec.draft_max if q.spec.draft_max != "auto" else self.draft_max
+        return min(k, self.draft_max)
+
+    def _plan(self, q: _Seq) -> int:
+        """The most draft tokens this sequence may verify this step (any drafter)."""
+        k = max(self._mtp_k(q), q.spec.ngram_max if q.spec.ngram else 0)
+        k = min(k, q.max_tokens - len(q.state.tokens) - 1)      # never draft past max_tokens
+        k = min(k, self.n_ctx_seq - 1 - q.pos0)                 # nor past the context
+        return max(0, k)
+
+    def step(self) -> list[StepEvent]:
+        """One speculative step for every active sequence; returns what each emitted."""
+        self._check_open()
+        t_step = time.perf_counter()
+        seqs = [q for q in self._seqs.values() if not q.state.finished]
+        if not seqs:
+            return []
+        try:
+            events = self._step(seqs)
+        except BaseException:
+            self._recover(seqs)
+            raise
+        finally:
+            self.stats.step_s += time.perf_counter() - t_step
+        self.stats.steps += 1
+        return events
+
+    def _step(self, seqs: list[_Seq]) -> list[StepEvent]:
+        rebuild = [q for q in seqs if q.rebuild]
+        if rebuild:
+            self._prefill(rebuild, sample_first=False)
+        events: list[StepEvent] = []
+        runnable = []
+        for q in seqs:
+            if q.pos0 >= self.n_ctx_seq:  # no room for id_last itself
+                q.state.finish_reason = "length"
+                self._finish(q)
+                events.append(StepEvent(q.seq, [], True, "length"))
+            else:
+                runnable.append(q)
+        if not runnable:
+            return events
+
+        # 1. plan, within the shared batch
+        ks = {q.seq: self._plan(q) for q in runnable}
+        room = self.target.n_batch - sum(len(q.backlog) + 1 for q in runnable)
+        while sum(ks.values()) > room:
+            s = max(ks, key=lambda x: ks[x])
+            ks[s] -= 1
+
+        # 2. drafts
+        drafts: dict[int, list[int]] = {}
+        qdists: dict[int, list] = {}  # type: ignore[type-arg]
+        source: dict[int, str | None] = {}
+        mtp_reqs = []
+        for q in runnable:
+            k = ks[q.seq]
+            drafts[q.seq], source[q.seq] = [], None
+            if k <= 0:
+                continue
+            if q.spec.ngram:
+                d = self.ngram.propose(np.asarray(q.history, dtype=np.int32), min(k, q.spec.ngram_max))
+                if d:
+                    drafts[q.seq], source[q.seq] = d, "ngram"
+                    continue
+            mtp_k = min(k, self._mtp_k(q))
+            if self.drafter is not None and mtp_k > 0:
+                stochastic = self._mode(q) == "rejection"
+                mtp_reqs.append(DraftRequest(
+                    seq=q.seq, token=q.id_last, pos=q.pos0, hidden=q.pending_h,  # type: ignore[arg-type]
+                    n_max=mtp_k, n_min=q.spec.draft_min, p_min=q.spec.p_min,
+                    sampler=q.draft_sampler if stochastic else None, history=q.history if stochastic else [],
+                ))
+        if mtp_reqs and self.drafter is not None:
+            t0 = time.perf_counter()
+            got = self.drafter.draft(mtp_reqs)
+            self.stats.draft_s += time.perf_counter() - t0
+            for seq, d in got.items():
+                drafts[seq], source[seq] = d.tokens, ("mtp" if d.tokens else None)
+                if d.q is not None:
+                    qdists[seq] = d.q
+
+        # 3. checkpoints where the rollback could exceed the snapshots
+        ckpts: dict[int, Checkpoint] = {}
+        if not self._exact:
+            t0 = time.perf_counter()
+            for q in runnable:
+                if len(drafts[q.seq]) > self.target.n_rs_seq:
+                    ckpts[q.seq] = self.target.checkpoint(q.seq, partial=True)
+            self.stats.restore_s += time.perf_counter() - t0
+
+        # 4. verify: one target decode for everyone
+        b = self._batch
+        b.clear()
+        spans = {}
+        for q in runnable:
+            d = drafts[q.seq]
+            backlog = q.backlog
+            if backlog:
+                b.extend(backlog, q.kv_pos, q.seq, outputs="none")
+            sl = b.extend([q.id_last, *d], q.pos0, q.seq, outputs="all")
+            spans[q.seq] = sl
+        t0 = time.perf_counter()
+        self.target.decode(b)
+        self.stats.verify_s += time.perf_counter() - t0
+        logits = self.target.logits_all()
+        hidden = self.target.hidden_all() if self.drafter is not None else None
+
+        # 5. accept, roll back, catch up
+        o = 0
+        for q in runnable:
+            d = drafts[q.seq]
+            k = len(d)
+            rows = logits[o: o + k + 1]
+            o += k + 1
+            mode = self._mode(q)
+            if mode == "greedy":
+                n_acc, new = verify_greedy(rows, d, q.sampler, q.history)
+            elif mode == "rejection" and q.seq in qdists:
+                n_acc, new = verify_rejection(rows, d, qdists[q.seq], q.sampler, q.accept_sampler, q.history)
+            else:
+                n_acc, new = verify_match(rows, d, q.sampler, q.history)
+            q.state.stats.record(source[q.seq], k, n_acc)
+            sl = spans[q.seq]
+            accepted = [q.id_last, *d[:n_acc]]
+            if hidden is not None and self.drafter is not None:
+                vrows = hidden[sl]
+                prev = np.vstack([q.pending_h[None, :], vrows[:n_acc]])  # type: ignore[index]
+                self.drafter.catch_up(q.seq, accepted, q.pos0, prev)
+                q.pending_h = np.array(vrows[n_acc])
+            if n_acc < k:
+                q.state.stats.rollbacks += 1
+                if self.target.memory.seq_rm(q.seq, q.pos0 + n_acc + 1, -1):
+                    q.kv_pos = q.pos0 + n_acc + 1
+                else:
+                    ck = ckpts.get(q.seq)
+                    if ck is None:
+                        raise LlamaError(f"rollback of sequence {q.seq} refused and no checkpoint was taken")
+                    t0 = time.perf_counter()
+                    self.target.restore(ck)
+                    self.stats.restore_s += time.perf_counter() - t0
+                    q.kv_pos = ck.pos_max + 1  # the accepted tokens are replayed with the next verify
+                    q.state.stats.checkpoint_restores += 1
+            else:
+                q.kv_pos = q.pos0 + k + 1
+            q.pos0 += n_acc + 1
+            emitted = [*d[:n_acc], new]
+            q.id_last = new
+            before = len(q.state.tokens)
+            self._emit(q, emitted)
+            events.append(StepEvent(q.seq, q.state.tokens[before:], q.state.finished, q.state.finish_reason))
+        del logits, hidden
+        for q in runnable:
+            if q.state.finished:
+                self._finish(q)
+        return events
+
+    def _mode(self, q: _Seq) -> str:
+        v = q.spec.verify
+        if v == "auto":
+            return "greedy" if q.sampling.greedy else "rejection"
+        if v in ("match", "rejection") and q.sampling.greedy:
+            return "greedy"
+        return v
+
+    def _emit(self, q: _Seq, tokens: list[int]) -> None:
+        """Append generated tokens, applying stop conditions in order."""
+        st = q.state
+        for t in tokens:
+            st.tokens.append(t)
+            st.stats.predicted_n += 1
+            q.history.append(t)
+            if (self._eog[t] and not q.ignore_eos) or t in q.stop_tokens:
+                st.finish_reason = "stop"
+                break
+            piece = self.model.token_to_piece(t)
+            st.text += piece
+            if q.stop:
+                tail = st.text[-(max(len(s) for s in q.stop) + len(piece) + 8):]
+                hit = next((s for s in q.stop if s in tail), None)
+                if hit is not None:
+                    cut = st.text.rfind(hit)
+                    st.text = st.text[:cut]
+                    st.stop_hit = hit.decode("utf-8", "replace")
+                    st.finish_reason = "stop"
+                    break
+            if len(st.tokens) >= q.max_tokens:
+                st.finish_reason = "length"
+                break
+
+    # ------------------------------------------------------------ recovery
+
+    def _recover(self, seqs: list[_Seq]) -> None:
+        """After an exception inside a step (Ctrl-C, a failed decode): bring every
+        sequence back to a state the next step can use."""
+        for q in seqs:
+            if q.seq not in self._seqs:
+                continue
+            try:
+                if self.drafter is not None and not self.drafter.ctx.closed:
+                    qq = self.drafter._q(q.seq)
+                    self.drafter.ctx.memory.seq_rm(q.seq, qq.start, -1)
+                if not self.target.closed and self.target.memory.pos_max(q.seq) != q.kv_pos - 1:
+                    q.rebuild = True  # replay its history into both contexts at the next step
+            except LlamaError:
+                q.rebuild = True
+
+    def results(self) -> dict[int, SequenceState]:
+        """Every sequence the engine knows, finished or not."""
+        out = dict(self._done)
+        out.update({s: q.state for s, q in self._seqs.items()})
+        return out
+

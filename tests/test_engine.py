@@ -1,0 +1,258 @@
+"""The speculative engine: lossless greedy output, acceptance, rollback paths,
+continuous batching, stats, errors, and the distribution at T > 0."""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import llama_mtp as lm
+from helpers import chi2_two_sample, greedy_reference
+from llama_mtp.speculative import ContextLengthError, SpeculativeEngine
+from llama_mtp.tiny import write_tiny_model
+
+GREEDY = lm.SamplingParams.greedy_params()
+PROMPTS = ["Multi-token prediction", "the model", "every accepted draft saves a whole decoding", "one"]
+
+
+@functools.lru_cache(maxsize=None)
+def _models(path: str) -> lm.Model:
+    return lm.Model(path)
+
+
+@functools.lru_cache(maxsize=None)
+def reference(path: str, prompt: tuple[int, ...], n: int) -> list[int]:
+    return greedy_reference(_models(path), list(prompt), n)
+
+
+def run(engine: SpeculativeEngine, prompts: list[list[int]], lengths: list[int], **kw) -> list[list[int]]:
+    ids = engine.add_many([dict(prompt=p, max_tokens=n, **kw) for p, n in zip(prompts, lengths)])
+    while engine.active:
+        engine.step()
+    return [engine.sequence(i).tokens for i in ids]
+
+
+@pytest.mark.parametrize("rollback", ["auto", "checkpoint"])
+@pytest.mark.parametrize("n_seq", [1, 4])
+@pytest.mark.parametrize("draft_max", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("name", ["random", "planted", "noisy", "trunk"])
+def test_lossless_greedy(model_path, name: str, draft_max: int, n_seq: int, rollback: str) -> None:
+    """Greedy output with MTP is token for token the output without it."""
+    path = str(model_path(name))
+    model = _models(path)
+    prompts = [model.tokenize(t) for t in PROMPTS[:n_seq]]
+    lengths = [30 + 9 * i for i in range(n_seq)]  # sequences finish at different times
+    with SpeculativeEngine(model, max_sequences=n_seq, n_ctx=256, draft_max=draft_max, sampling=GREEDY,
+                           rollback=rollback) as eng:  # type: ignore[arg-type]
+        got = run(eng, prompts, lengths)
+        stats = eng.stats.spec
+    for p, n, g in zip(prompts, lengths, got):
+        assert g == reference(path, tuple(p), n)
+    assert stats.predicted_n == sum(lengths)
+    if name == "planted":
+        assert stats.acceptance_rate == 1.0
+    if name == "random":
+        assert stats.acceptance_rate < 0.05 and stats.rollbacks > 0
+    if rollback == "checkpoint" and name in ("random", "noisy"):
+        assert stats.checkpoint_restores > 0  # the fallback path really ran
+    if rollback == "auto":
+        assert stats.checkpoint_restores == 0  # n_rs_seq snapshots covered every rollback
+
+
+def test_prompt_longer_than_n_batch(model_path) -> None:
+    path = str(model_path("trunk"))
+    model = _models(path)
+    prompt = model.tokenize(" ".join(PROMPTS * 6))
+    assert len(prompt) > 40
+    with SpeculativeEngine(model, n_ctx=512, n_batch=16, draft_max=3, sampling=GREEDY) as eng:
+        got = run(eng, [prompt], [24])
+    assert got[0] == reference(path, tuple(prompt), 24)
+
+
+def test_acceptance_counts_are_consistent(model_path) -> None:
+    model = _models(str(model_path("noisy")))
+    with SpeculativeEngine(model, max_sequences=2, n_ctx=256, draft_max=4, sampling=GREEDY) as eng:
+        run(eng, [model.tokenize(PROMPTS[0]), model.tokenize(PROMPTS[1])], [60, 50])
+        s = eng.stats.spec
+    assert 0.05 < s.acceptance_rate < 0.95
+    assert sum(s.accepted_per_position) == s.draft_n_accepted
+    assert sum(s.drafted_per_position) == s.draft_n
+    assert s.drafted_per_position[0] == s.num_drafts
+    # acceptance at position i+1 implies acceptance at position i
+    assert all(a >= b for a, b in zip(s.accepted_per_position, s.accepted_per_position[1:]))
+    assert s.mean_accepted_length == pytest.approx(1 + s.draft_n_accepted / s.steps)
+    assert s.predicted_n == 110
+    d = s.as_dict()
+    for key in ("draft_n", "draft_n_accepted", "acceptance_rate", "mean_accepted_length", "accepted_per_position", "steps"):
+        assert key in d
+    assert d["by_drafter"]["mtp"]["drafted"] == s.draft_n
+    t = eng.stats
+    assert t.verify_s > 0 and t.draft_s > 0 and t.step_s >= t.verify_s + t.draft_s
+    assert 0 <= t.python_share < 1
+
+
+def test_join_midflight_and_remove(model_path) -> None:
+    path = str(model_path("trunk"))
+    model = _models(path)
+    a_prompt, b_prompt, c_prompt = (model.tokenize(t) for t in PROMPTS[:3])
+    with SpeculativeEngine(model, max_sequences=3, n_ctx=256, draft_max=3, sampling=GREEDY) as eng:
+        a = eng.add(a_prompt, max_tokens=40)
+        b = eng.add(b_prompt, max_tokens=200)
+        for _ in range(3):
+            eng.step()
+        c = eng.add(c_prompt, max_tokens=30)  # joins mid-flight
+        for _ in range(2):
+            eng.step()
+        state = eng.remove(b)  # leaves mid-flight
+        assert state.finish_reason == "removed"
+        assert eng.target.memory.pos_max(b) == -1
+        assert eng.drafter is not None and eng.drafter.ctx.memory.pos_max(b) == -1
+        while eng.active:
+            eng.step()
+        assert eng.sequence(a).tokens == reference(path, tuple(a_prompt), 40)
+        assert eng.sequence(c).tokens == reference(path, tuple(c_prompt), 30)
+        assert eng.sequence(a).finish_reason == "length"
+        got_b = eng.sequence(b).tokens
+        assert got_b == reference(path, tuple(b_prompt), len(got_b))
+        # finished sequences free their memory in both contexts
+        for s in (a, c):
+            assert eng.target.memory.pos_max(s) == -1 and eng.drafter.ctx.memory.pos_max(s) == -1
+        assert eng.free_slots == 3
+        # and the slots are reusable
+        d = eng.add(a_prompt, max_tokens=10)
+        while eng.active:
+            eng.step()
+        assert eng.sequence(d).tokens == reference(path, tuple(a_prompt), 10)
+
+
+def test_context_end_finishes_with_length(model_path) -> None:
+    path = str(model_path("planted"))
+    model = _models(path)
+    with SpeculativeEngine(model, max_sequences=2, n_ctx=8, draft_max=8, sampling=GREEDY) as eng:
+        n_ctx = eng.n_ctx_seq  # llama.cpp pads to 256
+        long_prompt = [300 + (i % 100) for i in range(n_ctx - 10)]
+        a = eng.add(long_prompt, max_tokens=1000)
+        b = eng.add(model.tokenize(PROMPTS[0]), max_tokens=30)
+        while eng.active:
+            eng.step()
+        sa, sb = eng.sequence(a), eng.sequence(b)
+    assert sa.finish_reason == "length"
+    assert len(long_prompt) + len(sa.tokens) == n_ctx + 1  # the last token is emitted, never decoded
+    assert sa.tokens == reference(path, tuple(long_prompt), len(sa.tokens))
+    assert sb.finish_reason == "length" and len(sb.tokens) == 30
+    with SpeculativeEngine(model, n_ctx=8, sampling=GREEDY) as eng:
+        with pytest.raises(ContextLengthError):
+            eng.add([300] * eng.n_ctx_seq, max_tokens=4)
+
+
+def test_no_mtp_head(model_path) -> None:
+    path = str(model_path("nomtp"))
+    model = _models(path)
+    with pytest.raises(lm.MTPUnavailableError, match="mtp=False"):
+        SpeculativeEngine(model, sampling=GREEDY)
+    prompt = model.tokenize(PROMPTS[0])
+    with SpeculativeEngine(model, mtp=False, n_ctx=256, sampling=GREEDY) as eng:  # plain decoding still works
+        got = run(eng, [prompt], [20])
+        assert eng.stats.spec.draft_n == 0
+    assert got[0] == reference(path, tuple(prompt), 20)
+
+
+def test_ngram_with_mtp(model_path) -> None:
+    """Prompt lookup proposes long drafts (beyond n_rs_seq: checkpoint path), MTP fills in."""
+    path = str(model_path("trunk"))
+    model = _models(path)
+    prompt = model.tokenize(" ".join(PROMPTS))
+    spec = lm.SpecParams(draft_max=3, ngram=True, ngram_max=8)
+    with SpeculativeEngine(model, n_ctx=512, draft_max=3, sampling=GREEDY, spec=spec) as eng:
+        got = run(eng, [prompt], [120])
+        s = eng.stats.spec
+    assert got[0] == reference(path, tuple(prompt), 120)
+    assert s.by_drafter["ngram"][0] > 0 and s.by_drafter["ngram"][1] > 0
+    assert s.by_drafter["mtp"][0] > 0
+    assert max(s.draft_length_hist) > 3  # ngram drafts longer than draft_max
+
+
+def test_stop_conditions(model_path) -> None:
+    model = _models(str(model_path("planted")))
+    prompt = model.tokenize("Multi-token prediction")
+    ref = reference(str(model_path("planted")), tuple(prompt), 40)
+    with SpeculativeEngine(model, max_sequences=3, n_ctx=256, draft_max=4, sampling=GREEDY) as eng:
+        a = eng.add(prompt, max_tokens=40, stop=["the model"])
+        b = eng.add(prompt, max_tokens=40, stop_tokens=[ref[5]])
+        c = eng.add(prompt, max_tokens=7)
+        while eng.active:
+            eng.step()
+        sa, sb, sc = eng.sequence(a), eng.sequence(b), eng.sequence(c)
+    assert sa.finish_reason == "stop" and sa.stop_hit == "the model"
+    assert b"the model" not in sa.text and sa.text.strip().endswith(b"ahead;")
+    assert sb.finish_reason == "stop" and sb.tokens == ref[:6]
+    assert sc.finish_reason == "length" and sc.tokens == ref[:7]
+
+
+def test_bad_requests(model_path) -> None:
+    model = _models(str(model_path("planted")))
+    with SpeculativeEngine(model, max_sequences=1, n_ctx=64, sampling=GREEDY) as eng:
+        for bad in (dict(prompt=[]), dict(prompt=[-1]), dict(prompt=[model.n_vocab]), dict(prompt="x", max_tokens=0),
+                    dict(prompt="x", seq_id=5)):
+            with pytest.raises((ValueError, lm.LlamaError)):
+                eng.add(**bad)  # type: ignore[arg-type]
+        eng.add("Multi-token", max_tokens=50)
+        with pytest.raises(lm.LlamaError, match="no free sequence slot"):
+            eng.add("one", max_tokens=4)
+    with pytest.raises(lm.ClosedError):
+        eng.step()
+    for bad in (dict(max_sequences=0), dict(draft_max=-1), dict(n_ctx=2), dict(draft_max=8, max_sequences=64, n_batch=64)):
+        with pytest.raises(ValueError):
+            SpeculativeEngine(model, **bad)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- sampling at T > 0
+
+@pytest.fixture(scope="module")
+def soft_model(tmp_path_factory: pytest.TempPathFactory) -> lm.Model:
+    """Planted but soft: the next token is likely, not certain (variety at T = 1)."""
+    path = write_tiny_model(tmp_path_factory.mktemp("soft") / "soft.gguf", logit_scale=3.0, mtp_noise=0.2)
+    m = lm.Model(path)
+    yield m
+    m.close()
+
+
+def sample_runs(model: lm.Model, seeds: range, mtp: bool, verify: str = "match", n: int = 3) -> list[tuple[int, ...]]:
+    sp = lambda s: lm.SamplingParams(temperature=1.0, top_k=6, top_p=1.0, min_p=0.0, seed=s)  # noqa: E731
+    spec = lm.SpecParams(draft_max=3, verify=verify)  # type: ignore[arg-type]
+    prompt = model.tokenize("Multi-token prediction drafts")
+    out = []
+    with SpeculativeEngine(model, max_sequences=8, n_ctx=64, draft_max=3, mtp=mtp, spec=spec) as eng:
+        seeds = list(seeds)
+        for i in range(0, len(seeds), 8):
+            ids = eng.add_many([dict(prompt=prompt, max_tokens=n, sampling=sp(s)) for s in seeds[i:i + 8]])
+            while eng.active:
+                eng.step()
+            out += [tuple(eng.sequence(j).tokens) for j in ids]
+    return out
+
+
+def test_seeded_sampling_is_deterministic(soft_model: lm.Model) -> None:
+    a = sample_runs(soft_model, range(40), mtp=True)
+    b = sample_runs(soft_model, range(40), mtp=True)
+    assert a == b
+    assert len(set(a)) > 5  # and actually random across seeds
+
+
+def test_sample_and_match_follows_the_target_distribution(soft_model: lm.Model) -> None:
+    """Same seeds: one draw per emitted token, so MTP on/off agree run by run (up to
+    float rounding between batched and single-row logits); independent seeds: the
+    first-token and bigram frequencies pass a chi-square test."""
+    on = sample_runs(soft_model, range(200), mtp=True)
+    off = sample_runs(soft_model, range(200), mtp=False)
+    same = sum(x == y for x, y in zip(on, off)) / len(on)
+    assert same > 0.95
+    on = sample_runs(soft_model, range(1000, 2600), mtp=True)
+    off = sample_runs(soft_model, range(5000, 6600), mtp=False)
+    for key in (lambda t: t[0], lambda t: t[:2]):
+        _, dof, p = chi2_two_sample(Counter(map(key, on)), Counter(map(key, off)))
+        assert dof >= 2 and p > 0.01, (dof, p)

@@ -19,6 +19,7 @@ logging.getLogger("llama_mtp").addHandler(logging.NullHandler())
 
 from .batch import Batch
 from .context import Checkpoint, Context, Memory
+from .generate import LLM, GenerationResult
 from .errors import (
     AbortedError,
     ClosedError,
@@ -35,6 +36,7 @@ from .errors import (
 )
 from .model import Model
 from .params import ContextParams, ModelParams, SamplingParams, SpecParams
+from .speculative import SpeculativeEngine
 
 __all__ = [
     "AbortedError",
@@ -45,9 +47,11 @@ __all__ = [
     "ContextError",
     "ContextParams",
     "DecodeError",
+    "GenerationResult",
     "InUseError",
     "InvalidBatchError",
     "KVCacheFullError",
+    "LLM",
     "LlamaError",
     "MTPUnavailableError",
     "Memory",
@@ -56,6 +60,7 @@ __all__ = [
     "ModelParams",
     "SamplingParams",
     "SpecParams",
+    "SpeculativeEngine",
     "StaleOutputError",
     "TokenizeError",
     "__version__",

@@ -153,6 +153,6 @@ def test_make_demo_model(tmp_path: Path) -> None:
     assert r.exit_code == 0 and out.read_bytes()[:4] == b"GGUF"
 
 
-def test_version() -> None:
-    out = subprocess.run([sys.executable, "-m", "llama_mtp", "--version"], capture_output=True, text=True, timeout=60)
+def test_version(tmp_path: Path) -> None:
+    out = cli("--version", cwd=tmp_path)
     assert out.returncode == 0 and "llama-mtp" in out.stdout

@@ -87,7 +87,8 @@ SCRIPT = textwrap.dedent(
 def test_ctrl_c_during_decode(slow_model: Path, tmp_path: Path) -> None:
     script = tmp_path / "ctrl_c.py"
     script.write_text(SCRIPT)
-    out = subprocess.run([sys.executable, str(script), str(slow_model)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, str(script), str(slow_model)], capture_output=True, text=True, timeout=120,
+                         cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     lines = out.stdout.split("\n")
     head = lines[0].split()

@@ -526,9 +526,10 @@ class SpeculativeEngine:
                 n_acc, new = verify_greedy(rows, d, q.sampler, q.history)
             elif mode == "rejection" and q.seq in qdists:
                 n_acc, new = verify_rejection(rows, d, qdists[q.seq], q.sampler, q.accept_sampler, q.history)
-            else:
+            else:  # sample-and-match (also for deterministic drafts, e.g. n-gram, under "rejection")
+                mode = "match"
                 n_acc, new = verify_match(rows, d, q.sampler, q.history)
-            q.state.stats.record(source[q.seq], k, n_acc)
+            q.state.stats.record(source[q.seq], k, n_acc, mode if k else None)
             sl = spans[q.seq]
             accepted = [q.id_last, *d[:n_acc]]
             if hidden is not None and self.drafter is not None:

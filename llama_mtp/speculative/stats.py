@@ -24,11 +24,12 @@ class SpecStats:
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: drafts accepted at position i
     drafted_per_position: list[int] = field(default_factory=list)   # [i]: drafts proposed at position i
     by_drafter: dict[str, list[int]] = field(default_factory=dict)  # name -> [drafted, accepted]
+    by_verify: dict[str, list[int]] = field(default_factory=dict)   # greedy/match/rejection -> [drafted, accepted]
     draft_length_hist: dict[int, int] = field(default_factory=dict)  # chosen draft length -> steps
     rollbacks: int = 0               # verify steps that rolled rejected drafts back
     checkpoint_restores: int = 0     # of those, through a checkpoint (+ replay) instead of n_rs_seq
 
-    def record(self, drafter: str | None, n_drafted: int, n_accepted: int) -> None:
+    def record(self, drafter: str | None, n_drafted: int, n_accepted: int, verify: str | None = None) -> None:
         self.steps += 1
         self.draft_length_hist[n_drafted] = self.draft_length_hist.get(n_drafted, 0) + 1
         if n_drafted == 0:
@@ -43,10 +44,11 @@ class SpecStats:
             self.drafted_per_position[i] += 1
         for i in range(n_accepted):
             self.accepted_per_position[i] += 1
-        if drafter is not None:
-            d = self.by_drafter.setdefault(drafter, [0, 0])
-            d[0] += n_drafted
-            d[1] += n_accepted
+        for key, table in ((drafter, self.by_drafter), (verify, self.by_verify)):
+            if key is not None:
+                d = table.setdefault(key, [0, 0])
+                d[0] += n_drafted
+                d[1] += n_accepted
 
     @property
     def acceptance_rate(self) -> float:
@@ -71,10 +73,11 @@ class SpecStats:
                 mine.append(0)
             for i, v in enumerate(theirs):
                 mine[i] += v
-        for k, (d, a) in other.by_drafter.items():
-            mine_d = self.by_drafter.setdefault(k, [0, 0])
-            mine_d[0] += d
-            mine_d[1] += a
+        for mine_t, theirs_t in ((self.by_drafter, other.by_drafter), (self.by_verify, other.by_verify)):
+            for k, (d, a) in theirs_t.items():
+                mine_d = mine_t.setdefault(k, [0, 0])
+                mine_d[0] += d
+                mine_d[1] += a
         for k, v in other.draft_length_hist.items():
             self.draft_length_hist[k] = self.draft_length_hist.get(k, 0) + v
 
@@ -90,6 +93,8 @@ class SpecStats:
             "num_drafts": self.num_drafts,
             "predicted_n": self.predicted_n,
             "by_drafter": {k: {"drafted": d, "accepted": a} for k, (d, a) in self.by_drafter.items()},
+            "by_verify": {k: {"drafted": d, "accepted": a, "acceptance_rate": round(a / d, 6) if d else 0.0}
+                          for k, (d, a) in self.by_verify.items()},
             "draft_length_hist": {str(k): v for k, v in sorted(self.draft_length_hist.items())},
             "rollbacks": self.rollbacks,
             "checkpoint_restores": self.checkpoint_restores,

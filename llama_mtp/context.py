@@ -82,6 +82,8 @@ class Context:
         model_ptr = model._handle()
         if self.is_mtp:
             model.require_mtp()
+        else:
+            model.require_trunk()
         if model.params.vocab_only:
             raise ContextError(f"{model.path.name} was loaded vocab-only: it has no weights to run")
 
@@ -205,7 +207,8 @@ class Context:
             self._gen += 1
 
     def interrupt(self) -> None:
-        """Abort the decode running on this context (safe from any thread)."""
+        """Abort the decode running on this context -- or the next one, if none is
+        running (safe from any thread). The decode raises AbortedError."""
         if self._ptr is not None:
             calls.abort_request(self._abort, True)
 
@@ -240,6 +243,8 @@ class Context:
                 return
             self._last_tokens = 0
             self._last_out_idx = np.zeros(0, dtype=np.int64)
+            if rc == 2:
+                calls.abort_request(self._abort, False)  # consumed
             dropped = [int(s) for s in np.flatnonzero(self._dropped)]
             self._dropped[:] = 0
         if by_signal:

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import _native
+from . import _native, gguf_scan
 from ._native import calls
-from .errors import ClosedError, ModelLoadError, MTPUnavailableError, TokenizeError, check_ptr, clear_log
+from .errors import ClosedError, ContextError, ModelLoadError, MTPUnavailableError, TokenizeError, check_ptr, clear_log
 from .params import ModelParams
 
 if TYPE_CHECKING:
@@ -54,6 +54,12 @@ class Model:
         self.params = params
         self.path = Path(os.fspath(path))
         _check_file(self.path)
+        header = gguf_scan.scan(self.path)  # None: unparseable here; llama.cpp will say why
+        if header is not None:
+            bad = gguf_scan.problems(header, max_layers=calls.MAX_LAYERS)
+            if bad:
+                raise ModelLoadError(f"refusing {self.path.name}: {bad[0]}")
+        self.mtp_only = header is not None and gguf_scan.is_mtp_only(header)
 
         _native.ensure_backend()
         clear_log()
@@ -160,6 +166,14 @@ class Model:
         """An MTP context can be created on this model as loaded."""
         return self.mtp_loaded and not self.params.vocab_only
 
+    def require_trunk(self) -> None:
+        """Refuse what would abort llama.cpp: running the trunk of an MTP-only sidecar."""
+        if self.mtp_only:
+            raise ContextError(
+                f"{self.path.name} holds only an MTP head (an MTP sidecar GGUF): use it as the MTP model "
+                "of an engine (mtp_model=...) next to the full target model"
+            )
+
     def mtp_unavailable_reason(self) -> str | None:
         """Why an MTP context cannot be made on this model, or None if it can."""
         if self.n_layer_nextn == 0:
@@ -227,6 +241,8 @@ class Model:
 
     def _vocab_handle(self) -> Any:
         self._handle()
+        if self._vinfo["type"] == "none":
+            raise TokenizeError(f"{self.path.name} has no vocabulary (tokenizer.ggml.model = none)")
         return self._vocab
 
     def _check_token(self, token: int) -> None:
@@ -238,6 +254,10 @@ class Model:
         data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
         if len(data) >= 2**31 - 16:
             raise TokenizeError("text too long to tokenize (over 2 GiB)")
+        if add_special and ((self.add_bos and self.bos is None) or (bool(self._vinfo["add_eos"]) and self.eos is None)):
+            # llama.cpp asserts here: the file asks for a BOS/EOS token it does not define
+            raise TokenizeError(f"{self.path.name} asks to add a BOS/EOS token it does not define; "
+                                "tokenize with add_special=False")
         out = calls.tokenize(self._vocab_handle(), data, add_special, parse_special)
         if out is None:
             raise TokenizeError("tokenization overflowed (more than 2**31 tokens)")

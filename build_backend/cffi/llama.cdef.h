@@ -297,6 +297,7 @@ void llama_perf_context_reset(struct llama_context * ctx);
 
 const char * lmtp_version(void);
 const char * lmtp_llama_commit(void);
+int          lmtp_max_layers(void);  /* LLAMA_MAX_LAYERS (src/llama-hparams.h) */
 
 void    lmtp_set_embeddings_nextn(struct llama_context * ctx, bool value, bool masked);
 float * lmtp_get_embeddings_nextn(struct llama_context * ctx);

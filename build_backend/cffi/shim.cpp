@@ -2,6 +2,7 @@
 #include "shim.h"
 
 #include "llama-ext.h"   // C++-only upstream header (src/), not installed by llama.cpp
+#include "llama-hparams.h"  // LLAMA_MAX_LAYERS
 
 #include <atomic>
 #include <csignal>
@@ -18,6 +19,7 @@ extern "C" {
 
 const char * lmtp_version(void)      { return LMTP_VERSION; }
 const char * lmtp_llama_commit(void) { return LMTP_LLAMA_COMMIT; }
+int          lmtp_max_layers(void)   { return LLAMA_MAX_LAYERS; }
 
 // --- llama-ext.h ----------------------------------------------------------
 

@@ -22,6 +22,7 @@ extern "C" {
 
 const char * lmtp_version(void);
 const char * lmtp_llama_commit(void);
+int          lmtp_max_layers(void);  /* LLAMA_MAX_LAYERS (src/llama-hparams.h) */
 
 /* llama-ext.h, re-exported with C linkage */
 void    lmtp_set_embeddings_nextn(struct llama_context * ctx, bool value, bool masked);

@@ -107,6 +107,46 @@ def reraise_sigint() -> None:
         _noop()  # entering a Python function runs pending handlers (KeyboardInterrupt here)
 
 
+class deferred_sigint:
+    """Hold Ctrl-C while a multi-step operation updates its state (main thread only).
+
+    A SIGINT that arrives inside still aborts a running llama.cpp decode at once
+    (the C hook sees it first); Python's own handler runs on exit, when the
+    operation has left everything consistent -- so KeyboardInterrupt is raised
+    there, never half-way through bookkeeping.
+    """
+
+    __slots__ = ("_prev", "fired", "_active")
+
+    def __init__(self) -> None:
+        self._prev: Any = None
+        self.fired = False
+        self._active = False
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        self.fired = True
+
+    def __enter__(self) -> deferred_sigint:
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        prev = signal.getsignal(signal.SIGINT)
+        if prev in (signal.SIG_IGN, signal.SIG_DFL, None) or isinstance(getattr(prev, "__self__", None), deferred_sigint):
+            return self  # the user's choice, or already deferred by an outer operation
+        self._prev = prev
+        signal.signal(signal.SIGINT, self._on_sigint)
+        self._active = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._active:
+            return
+        self._active = False
+        signal.signal(signal.SIGINT, self._prev)
+        if self.fired:
+            self.fired = False
+            self._prev(signal.SIGINT, None)  # default: raises KeyboardInterrupt (chained to any error in flight)
+
+
 def take_interrupt() -> bool:
     """True once if a KeyboardInterrupt was caught inside a C callback."""
     if _interrupt.is_set():

@@ -27,6 +27,7 @@ DEFAULT_SEED = int(lib.LLAMA_DEFAULT_SEED)
 TOKEN_NULL = int(lib.LLAMA_TOKEN_NULL)
 INT32_MIN = -(2**31)
 
+MAX_LAYERS = int(lib.lmtp_max_layers())
 CONTEXT_DEFAULT = int(lib.LLAMA_CONTEXT_TYPE_DEFAULT)
 CONTEXT_MTP = int(lib.LLAMA_CONTEXT_TYPE_MTP)
 
@@ -398,7 +399,6 @@ def decode(ctx: CData, batch: CData, exact_rollback: bool, abort_state: CData,
            dropped: npt.NDArray[np.int8]) -> tuple[int, bool]:
     """``lmtp_decode``; returns (llama_decode's code, whether a SIGINT arrived)."""
     lib.lmtp_sigint_arm()
-    abort_state.requested = 0
     rc = int(lib.lmtp_decode(ctx, batch[0], exact_rollback, abort_state,
                              ffi.from_buffer("int8_t[]", dropped)))
     return rc, bool(abort_state.by_signal)

@@ -23,6 +23,7 @@ token the output of plain decoding, whatever the drafts were.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import numpy.typing as npt
 
+from .. import _native
 from ..batch import Batch
 from ..context import Checkpoint, Context
 from ..errors import ClosedError, LlamaError
@@ -201,6 +203,7 @@ class SpeculativeEngine:
         self._done: dict[int, SequenceState] = {}
         self._eog = model.eog_mask
         self.stats = EngineStats()
+        self._lock = threading.RLock()  # one thread at a time in add/step/remove
 
     # ------------------------------------------------------------ lifecycle
 
@@ -259,7 +262,12 @@ class SpeculativeEngine:
                                    stop_tokens=stop_tokens, ignore_eos=ignore_eos, seq_id=seq_id)])[0]
 
     def add_many(self, requests: list[dict]) -> list[int]:  # type: ignore[type-arg]
-        """Add several sequences with one shared, packed prefill."""
+        """Add several sequences with one shared, packed prefill. On any error (Ctrl-C
+        included) none of them is added."""
+        with self._lock, _native.deferred_sigint():
+            return self._add_many(requests)
+
+    def _add_many(self, requests: list[dict]) -> list[int]:  # type: ignore[type-arg]
         self._check_open()
         if len(requests) > self.free_slots:
             raise LlamaError(f"no free sequence slot: {len(self._seqs)} of {self.max_sequences} in use "
@@ -377,6 +385,10 @@ class SpeculativeEngine:
 
     def remove(self, seq_id: int) -> SequenceState:
         """Stop a sequence now and free its memory in both contexts."""
+        with self._lock:
+            return self._remove(seq_id)
+
+    def _remove(self, seq_id: int) -> SequenceState:
         self._check_open()
         q = self._seqs.get(seq_id)
         if q is None:
@@ -417,21 +429,33 @@ class SpeculativeEngine:
         return max(0, k)
 
     def step(self) -> list[StepEvent]:
-        """One speculative step for every active sequence; returns what each emitted."""
-        self._check_open()
-        t_step = time.perf_counter()
-        seqs = [q for q in self._seqs.values() if not q.state.finished]
-        if not seqs:
-            return []
-        try:
-            events = self._step(seqs)
-        except BaseException:
-            self._recover(seqs)
-            raise
-        finally:
-            self.stats.step_s += time.perf_counter() - t_step
-        self.stats.steps += 1
-        return events
+        """One speculative step for every active sequence; returns what each emitted.
+
+        If it fails (Ctrl-C, ``interrupt()``, a failed decode), every sequence is
+        left usable: those whose memory the failure touched are replayed into both
+        contexts at the next step, with nothing lost.
+        """
+        with self._lock, _native.deferred_sigint():
+            self._check_open()
+            t_step = time.perf_counter()
+            seqs = [q for q in self._seqs.values() if not q.state.finished]
+            if not seqs:
+                return []
+            try:
+                events = self._step(seqs)
+            except BaseException:
+                self._recover(seqs)
+                raise
+            finally:
+                self.stats.step_s += time.perf_counter() - t_step
+            self.stats.steps += 1
+            return events
+
+    def interrupt(self) -> None:
+        """Abort the step (or prefill) running in another thread; it raises AbortedError."""
+        self.target.interrupt()
+        if self.drafter is not None:
+            self.drafter.ctx.interrupt()
 
     def _step(self, seqs: list[_Seq]) -> list[StepEvent]:
         rebuild = [q for q in seqs if q.rebuild]
@@ -607,8 +631,7 @@ class SpeculativeEngine:
                 continue
             try:
                 if self.drafter is not None and not self.drafter.ctx.closed:
-                    qq = self.drafter._q(q.seq)
-                    self.drafter.ctx.memory.seq_rm(q.seq, qq.start, -1)
+                    self.drafter.rewind(q.seq, q.pos0)
                 if not self.target.closed and self.target.memory.pos_max(q.seq) != q.kv_pos - 1:
                     q.rebuild = True  # replay its history into both contexts at the next step
             except LlamaError:

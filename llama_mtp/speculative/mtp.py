@@ -122,6 +122,21 @@ class MTPDrafter:
         self._queues.pop(seq, None)
         self.ctx.memory.seq_rm(seq, -1, -1)
 
+    def rewind(self, seq: int, pos: int) -> None:
+        """Make the MTP state of ``seq`` consistent after an interrupted decode: the
+        memory holds exactly the decoded catch-up entries, the queue the rest, and
+        nothing at or past ``pos`` (the sequence's next draft start)."""
+        q = self._q(seq)
+        keep = min(q.start, pos)
+        self.ctx.memory.seq_rm(seq, keep, -1)
+        if q.next_pos > pos:  # an aborted draft had already kept its start row
+            n_drop = q.next_pos - pos
+            del q.tokens[max(0, len(q.tokens) - n_drop):]
+            del q.hidden[max(0, len(q.hidden) - n_drop):]
+            q.next_pos = pos
+        if q.start < keep:  # (defensive) rows the memory no longer holds
+            raise LlamaError(f"MTP queue of sequence {seq} lost rows below {keep}")
+
     def next_pos(self, seq: int) -> int:
         return self._q(seq).next_pos
 

@@ -29,7 +29,8 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["TinySpec", "write_tiny_model", "DEMO_TEXT", "planted_next_token", "spm_vocab"]
+__all__ = ["DEMO_TEXT", "TinySpec", "calibrate_mtp_noise", "planted_next_token", "predicted_acceptance", "spm_vocab",
+           "write_tiny_model"]
 
 ARCH = "qwen35"
 DEMO_TEXT = (
@@ -161,6 +162,84 @@ def planted_next_token(spec: TinySpec, tokens: list[str]) -> npt.NDArray[np.int6
 # ---------------------------------------------------------------- weights
 
 
+def _planted_embeddings(spec: TinySpec, tokens: list[str], rng: np.random.Generator) -> tuple[
+        npt.NDArray[np.float64], npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+    """Embeddings and LM head of a planted model (the first draws of the model's generator).
+
+    Each target token y = next_token[x] gets a direction u_y (orthonormal while
+    there are at most n_embd targets); e_x points along u_{next(x)} (plus a little
+    noise so tokens stay distinct) and the head row of y is u_y. With silent
+    residual branches the logits are ~logit_scale for next(x), ~0 for the rest.
+    """
+    E, V = spec.n_embd, spec.n_vocab
+    nxt = planted_next_token(spec, tokens)
+    targets = np.unique(nxt)
+    if len(targets) <= E:
+        basis = np.linalg.qr(rng.standard_normal((E, E)))[0].T[: len(targets)]
+    else:
+        basis = _unit_rows(rng.standard_normal((len(targets), E)))
+    u = np.zeros((V, E))
+    u[targets] = basis
+    emb = u[nxt] * math.sqrt(E) + rng.standard_normal((V, E)) * 0.3
+    head = u * (spec.logit_scale / math.sqrt(E))
+    head += rng.standard_normal((V, E)) * (0.01 / math.sqrt(E))  # break ties between non-targets
+    return emb, head, nxt
+
+
+def _mtp_noise(spec: TinySpec) -> npt.NDArray[np.float64]:
+    """Noise on the MTP head's own output matrix (its own stream: calibration redraws only it)."""
+    rng = np.random.default_rng([spec.seed, 7])
+    return rng.standard_normal((spec.n_vocab, spec.n_embd)) * (spec.mtp_noise * spec.logit_scale / math.sqrt(spec.n_embd))
+
+
+def predicted_acceptance(spec: TinySpec, draft_max: int, steps: int = 2000) -> float:
+    """Greedy MTP acceptance of a planted model with a silent trunk, computed in numpy.
+
+    With ``eh_proj = [I | 0]`` and silent residual branches the MTP head's logits are
+    ``W_mtp @ rmsnorm(e_x)`` and the target's ``W_out @ rmsnorm(e_x)``; this walks the
+    planted sentence as the engine would (draft ``draft_max``, accept while equal).
+    """
+    if spec.vocab != "spm":
+        raise ValueError("predicted_acceptance needs the spm vocabulary")
+    tokens, _, _ = spm_vocab(spec.n_vocab, spec.text)
+    rng = np.random.default_rng(spec.seed)
+    emb, head, _ = _planted_embeddings(spec, tokens, rng)
+    x = emb / np.sqrt((emb**2).mean(axis=1, keepdims=True) + 1e-6)
+    cycle = sorted({int(i) for i in planted_next_token(spec, tokens)})
+    target = np.full(spec.n_vocab, -1)
+    mtp = np.full(spec.n_vocab, -1)
+    ids = np.array(cycle)
+    target[ids] = np.argmax(x[ids] @ head.T, axis=1)
+    mtp_w = head + (_mtp_noise(spec) if spec.mtp_noise > 0 else 0.0)
+    mtp[ids] = np.argmax(x[ids] @ mtp_w.T, axis=1)
+    cur, drafted, accepted = ids[0], 0, 0
+    for _ in range(steps):
+        d, t = [], cur
+        for _ in range(draft_max):
+            t = mtp[t] if mtp[t] >= 0 else -1
+            d.append(t)
+        truth, n = cur, 0
+        while n < draft_max and d[n] == target[truth]:
+            truth = target[truth]
+            n += 1
+        drafted += draft_max
+        accepted += n
+        cur = target[truth]  # the bonus token
+        if cur < 0:
+            break
+    return accepted / drafted if drafted else 0.0
+
+
+def calibrate_mtp_noise(spec: TinySpec, acceptance: float, draft_max: int = 3) -> float:
+    """The ``mtp_noise`` that gives ``acceptance`` (greedy, at ``draft_max``), by bisection."""
+    lo, hi = 0.0, 2.0
+    for _ in range(18):
+        mid = (lo + hi) / 2
+        got = predicted_acceptance(TinySpec(**{**asdict(spec), "mtp_noise": mid}), draft_max)
+        lo, hi = (mid, hi) if got > acceptance else (lo, mid)
+    return (lo + hi) / 2
+
+
 def _unit_rows(m: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     return m / np.linalg.norm(m, axis=1, keepdims=True)
 
@@ -202,21 +281,7 @@ def write_tiny_model(path: str | os.PathLike[str], spec: TinySpec | None = None,
 
     # embeddings and the LM head
     if planted:
-        # Each target token y = next_token[x] gets a direction u_y (orthonormal while
-        # there are at most n_embd targets); e_x points along u_{next(x)} (plus a
-        # little noise so tokens stay distinct) and the head row of y is u_y. With
-        # silent residual branches the logits are ~logit_scale for next(x), ~0 else.
-        nxt = planted_next_token(spec, tokens)
-        targets = np.unique(nxt)
-        if len(targets) <= E:
-            basis = np.linalg.qr(rng.standard_normal((E, E)))[0].T[: len(targets)]
-        else:
-            basis = _unit_rows(rng.standard_normal((len(targets), E)))
-        u = np.zeros((V, E))
-        u[targets] = basis
-        emb = u[nxt] * math.sqrt(E) + rng.standard_normal((V, E)) * 0.3
-        head = u * (spec.logit_scale / math.sqrt(E))
-        head += rng.standard_normal((V, E)) * (0.01 / math.sqrt(E))  # break ties between non-targets
+        emb, head, _ = _planted_embeddings(spec, tokens, rng)
     else:
         emb = rng.standard_normal((V, E))
         head = rand(V, E)
@@ -271,8 +336,7 @@ def write_tiny_model(path: str | os.PathLike[str], spec: TinySpec | None = None,
         tensors[f"blk.{n}.nextn.enorm.weight"] = ones(E)
         tensors[f"blk.{n}.nextn.hnorm.weight"] = ones(E)
         if planted and spec.mtp_noise > 0:
-            noise = rng.standard_normal((V, E)) * (spec.mtp_noise * spec.logit_scale / math.sqrt(E))
-            tensors[f"blk.{n}.nextn.shared_head_head.weight"] = head + noise
+            tensors[f"blk.{n}.nextn.shared_head_head.weight"] = head + _mtp_noise(spec)
 
     dtype = np.float16 if spec.dtype == "f16" else np.float32
     w = gguf.GGUFWriter(str(path), ARCH)

@@ -36,7 +36,8 @@ from .errors import (
 )
 from .model import Model
 from .params import ContextParams, ModelParams, SamplingParams, SpecParams
-from .speculative import SpeculativeEngine
+from .speculative import ContextLengthError, SpeculativeEngine
+from .info import build_info
 
 __all__ = [
     "AbortedError",
@@ -45,6 +46,7 @@ __all__ = [
     "ClosedError",
     "Context",
     "ContextError",
+    "ContextLengthError",
     "ContextParams",
     "DecodeError",
     "GenerationResult",
@@ -64,4 +66,5 @@ __all__ = [
     "StaleOutputError",
     "TokenizeError",
     "__version__",
+    "build_info",
 ]

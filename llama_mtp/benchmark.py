@@ -59,11 +59,12 @@ class BenchRow:
 
 
 def _measure(model: Model, cfg: BenchConfig, prompts: list[list[int]], n_tokens: int, temperature: float,
-             n_ctx: int, params: ContextParams, seed: int) -> tuple[float, int, SpecStats, float]:
+             n_ctx: int, params: ContextParams, seed: int, auto_cap: int = 4) -> tuple[float, int, SpecStats, float]:
     spec = SpecParams(draft_max=cfg.draft_max if cfg.mtp else 0, verify=cfg.verify)  # type: ignore[arg-type]
-    k = cfg.draft_max if isinstance(cfg.draft_max, int) else 6
-    with SpeculativeEngine(model, max_sequences=cfg.parallel, n_ctx=n_ctx, draft_max=max(1, k) if cfg.mtp else 1,
-                           mtp=cfg.mtp, params=params, spec=spec) as eng:
+    auto = cfg.draft_max == "auto"
+    with SpeculativeEngine(model, max_sequences=cfg.parallel, n_ctx=n_ctx,
+                           draft_max=(cfg.draft_max if cfg.mtp else 0),  # type: ignore[arg-type]
+                           draft_cap=(auto_cap if auto else None), mtp=cfg.mtp, params=params, spec=spec) as eng:
         sampling = [SamplingParams(temperature=temperature, seed=seed + i) for i in range(len(prompts))]
         t0 = time.perf_counter()
         eng.add_many([dict(prompt=p, max_tokens=n_tokens, sampling=s, ignore_eos=True)
@@ -107,7 +108,8 @@ def run_bench(
     for r in range(repeat + 1):  # round 0 warms up (page cache, graph allocation)
         for cfg in configs:
             prompts = [base_prompt] * cfg.parallel
-            got = _measure(model, cfg, prompts, n_tokens, temperature, n_ctx, params, seed=1000 * r)
+            got = _measure(model, cfg, prompts, n_tokens, temperature, n_ctx, params, seed=1000 * r,
+                           auto_cap=max([k for k in draft_maxes if isinstance(k, int)], default=4))
             if r > 0:
                 results[cfg].append(got)
             done += 1

@@ -112,7 +112,8 @@ _VERIFY = click.Choice(["auto", "greedy", "match", "rejection"])
 @click.option("--repeat-penalty", type=click.FloatRange(min=0.0), default=1.0, show_default=True)
 @click.option("--seed", type=click.IntRange(min=0), default=None, help="random seed (default: random)")
 @click.option("--stop", multiple=True, help="stop string (repeatable)")
-@click.option("--draft-max", type=click.IntRange(0, 64), default=3, show_default=True, help="most tokens drafted per step")
+@click.option("--draft-max", default="auto", show_default=True,
+              help="tokens drafted per step: auto (chosen each step from measured costs and acceptance) or 0..64")
 @click.option("--mtp/--no-mtp", default=True, show_default=True, help="speculate with the model's MTP head")
 @click.option("--ngram", is_flag=True, help="also draft by prompt lookup (n-gram)")
 @click.option("--verify", type=_VERIFY, default="auto", show_default=True,
@@ -127,13 +128,18 @@ _VERIFY = click.Choice(["auto", "greedy", "match", "rejection"])
 @click.option("-v", "--verbose", is_flag=True, help="show llama.cpp's log")
 def generate(model: str | None, prompt: str | None, prompt_file: str | None, max_tokens: int, temp: float, top_k: int,
              top_p: float, min_p: float, repeat_penalty: float, seed: int | None, stop: tuple[str, ...],
-             draft_max: int, mtp: bool, ngram: bool, verify: str, parallel: int | None, chat: bool,
+             draft_max: str, mtp: bool, ngram: bool, verify: str, parallel: int | None, chat: bool,
              stream: bool | None, as_json: bool, n_ctx: int, threads: int | None, n_gpu_layers: int | None,
              verbose: bool) -> None:
     """Generate text, with MTP speculative decoding."""
     _setup_logging(verbose)
     from .generate import LLM
 
+    dmax: int | str = draft_max
+    if draft_max != "auto":
+        if not draft_max.isdigit() or not 0 <= int(draft_max) <= 64:
+            raise click.BadParameter(f"{draft_max!r} is not 'auto' or an integer in 0..64", param_hint="--draft-max")
+        dmax = int(draft_max)
     if prompt is None and prompt_file is None:
         prompt = "Multi-token prediction" if model is None else None
         if prompt is None:
@@ -151,7 +157,7 @@ def generate(model: str | None, prompt: str | None, prompt_file: str | None, max
     path = _model_path(model)
     kw: dict[str, Any] = dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                               stop=list(stop), repeat_penalty=repeat_penalty, verify=verify)
-    with LLM(path, mtp=mtp, draft_max=draft_max, n_ctx=n_ctx, parallel=n_par, threads=threads,
+    with LLM(path, mtp=mtp, draft_max=dmax, n_ctx=n_ctx, parallel=n_par, threads=threads,  # type: ignore[arg-type]
              n_gpu_layers=n_gpu_layers, ngram=ngram) as llm:
         if chat:
             texts = [llm.model.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
@@ -210,18 +216,9 @@ def _summary(results: list[Any], wall: float, python_share: float, mtp: bool) ->
 def info(model: str | None, as_json: bool, verbose: bool) -> None:
     """Package, llama.cpp build, backends and devices; with -m, a model's MTP facts."""
     _setup_logging(verbose)
-    from . import _native
-    from ._native import calls
+    from .info import build_info
 
-    _native.ensure_backend()
-    data: dict[str, Any] = {
-        "llama_mtp": __version__,
-        "llama_cpp_commit": calls.llama_commit(),
-        "backends": calls.backends(),
-        "devices": [d.__dict__ for d in calls.devices()],
-        "system_info": calls.system_info().strip(),
-        "capabilities": calls.capabilities(),
-    }
+    data: dict[str, Any] = build_info()
     if model is not None:
         data["model"] = describe_model(Path(model))
     if as_json:
@@ -298,7 +295,8 @@ def _int_list(value: str, name: str, allow_auto: bool = False) -> list[Any]:
 @main.command()
 @click.option("-m", "--model", type=click.Path(dir_okay=True), default=None,
               help="GGUF model (default: the built-in demo model, bench variant)")
-@click.option("--draft-max", "draft_max", default="1-6", show_default=True, help="draft lengths, e.g. 1-6 or 1,3,5")
+@click.option("--draft-max", "draft_max", default="1-6,auto", show_default=True,
+              help="draft lengths, e.g. 1-6, 1,3,5 or 1-4,auto")
 @click.option("--parallel", default="1", show_default=True, help="parallel sequence counts, e.g. 1,4")
 @click.option("-n", "--n-tokens", type=click.IntRange(min=1), default=128, show_default=True, help="tokens per sequence")
 @click.option("-r", "--repeat", type=click.IntRange(min=1), default=3, show_default=True, help="measurements (median)")

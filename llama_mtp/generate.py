@@ -78,6 +78,8 @@ class LLM:
     ...     print(r.text, r.stats.acceptance_rate)
 
     ``model_path=None`` uses the built-in demo model (written on first use).
+    ``draft_max="auto"`` (the default) chooses each sequence's draft length per step,
+    0 to ``draft_cap``, from measured costs and running acceptance; an integer fixes it.
     ``parallel`` is how many sequences one engine runs at once (``generate_many``).
     ``n_ctx`` is the context of each sequence.
     """
@@ -87,7 +89,8 @@ class LLM:
         model_path: str | os.PathLike[str] | None = None,
         *,
         mtp: bool = True,
-        draft_max: int = 3,
+        draft_max: int | Literal["auto"] = "auto",
+        draft_cap: int = 4,
         n_ctx: int = 4096,
         parallel: int = 4,
         n_gpu_layers: int | None = None,
@@ -113,6 +116,7 @@ class LLM:
         if self.mtp and self.mtp_model is None:
             self.model.require_mtp()
         self.draft_max = draft_max
+        self.draft_cap = draft_max if isinstance(draft_max, int) else draft_cap
         self.n_ctx = n_ctx
         self.parallel = parallel
         self.ngram = ngram
@@ -128,6 +132,7 @@ class LLM:
         if self._engine is None:
             self._engine = SpeculativeEngine(
                 self.model, max_sequences=self.parallel, n_ctx=self.n_ctx, draft_max=self.draft_max,
+                draft_cap=self.draft_cap,
                 mtp=self.mtp, mtp_model=self.mtp_model, params=self.params, n_batch=self.n_batch,
             )
         return self._engine
@@ -160,7 +165,7 @@ class LLM:
         stop: Sequence[str] | None,
         repeat_penalty: float,
         verify: Verify | None,
-        draft_max: int | None,
+        draft_max: int | Literal["auto"] | None,
         ngram: bool | None,
     ) -> dict[str, Any]:
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
@@ -197,7 +202,7 @@ class LLM:
         stop: Sequence[str] | None = None,
         repeat_penalty: float = 1.0,
         verify: Verify | None = None,
-        draft_max: int | None = None,
+        draft_max: int | Literal["auto"] | None = None,
         ngram: bool | None = None,
     ) -> GenerationResult:
         """Generate a continuation of ``prompt`` (text or token ids)."""

@@ -219,12 +219,14 @@ class SpecParams(_Params):
     below it. ``verify``: ``"match"`` samples the target and accepts while it equals
     the draft (exact at any temperature); ``"rejection"`` is speculative sampling
     with the drafter's probabilities (exact, higher acceptance at T > 0);
-    ``"auto"`` = greedy at T = 0, rejection otherwise. ``ngram``: also draft by
+    ``"auto"`` = greedy at T = 0, rejection otherwise -- except with an adaptive
+    draft length *and* a seed, where it is match: rejection sampling draws per
+    draft, so timing-chosen draft lengths would make a seeded run irreproducible. ``ngram``: also draft by
     prompt lookup (n-gram match in the sequence so far), preferred when it finds
     a match, MTP otherwise.
     """
 
-    draft_max: int | Literal["auto"] = 3
+    draft_max: int | Literal["auto"] = "auto"
     draft_min: int = 0
     p_min: float = 0.0
     verify: Verify = "auto"

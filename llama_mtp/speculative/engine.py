@@ -41,6 +41,7 @@ from ..params import ContextParams, SamplingParams, SpecParams
 from ..sampling import Sampler
 from .mtp import DraftRequest, MTPDrafter
 from .ngram import NgramDrafter
+from .policy import Acceptance, DraftPolicy
 from .stats import EngineStats, SpecStats
 from .verify import verify_greedy, verify_match, verify_rejection
 
@@ -113,6 +114,8 @@ class _Seq:
     kv_pos: int = 0                       # target KV holds positions < kv_pos
     pending_h: npt.NDArray[np.float32] | None = None   # target hidden of pos0 - 1
     rebuild: bool = False
+    acc: Acceptance | None = None          # running MTP acceptance (adaptive draft length)
+    idle: int = 0                          # steps since this sequence last drafted
 
     @property
     def seq(self) -> int:
@@ -147,7 +150,8 @@ class SpeculativeEngine:
         *,
         max_sequences: int = 1,
         n_ctx: int = 4096,
-        draft_max: int = 3,
+        draft_max: int | Literal["auto"] = "auto",
+        draft_cap: int | None = None,
         mtp: bool = True,
         mtp_model: Model | None = None,
         n_batch: int | None = None,
@@ -160,15 +164,21 @@ class SpeculativeEngine:
             raise ValueError(f"max_sequences must be a positive integer, got {max_sequences!r}")
         if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < 8:
             raise ValueError(f"n_ctx must be an integer >= 8, got {n_ctx!r}")
-        if isinstance(draft_max, bool) or not isinstance(draft_max, int) or not 0 <= draft_max <= 64:
-            raise ValueError(f"draft_max must be an integer in 0..64, got {draft_max!r}")
+        if draft_max != "auto" and (isinstance(draft_max, bool) or not isinstance(draft_max, int)
+                                    or not 0 <= draft_max <= 64):
+            raise ValueError(f"draft_max must be 'auto' or an integer in 0..64, got {draft_max!r}")
+        cap = draft_cap if draft_cap is not None else (draft_max if isinstance(draft_max, int) else 4)
+        if isinstance(cap, bool) or not isinstance(cap, int) or not 0 <= cap <= 64:
+            raise ValueError(f"draft_cap must be an integer in 0..64, got {cap!r}")
         if rollback not in ("auto", "checkpoint"):
             raise ValueError("rollback must be 'auto' or 'checkpoint'")
         self._closed = False
         self.model = model
         self.default_spec = spec or SpecParams(draft_max=draft_max)
         self.default_sampling = sampling or SamplingParams()
+        draft_max = cap  # from here on: the longest draft any sequence may verify
         self.draft_max = draft_max
+        self.policy = DraftPolicy(draft_max)
         self.rollback = rollback
         self.max_sequences = max_sequences
         base = params or ContextParams()
@@ -197,6 +207,7 @@ class SpeculativeEngine:
             self.target.close()
             raise
         self.ngram = NgramDrafter()
+        self._calibrated = False
         self._exact = self.target._exact_rollback  # attention-only memory: seq_rm always works
         self._batch = Batch(self.target.n_batch)
         self._seqs: dict[int, _Seq] = {}
@@ -204,6 +215,12 @@ class SpeculativeEngine:
         self._eog = model.eog_mask
         self.stats = EngineStats()
         self._lock = threading.RLock()  # one thread at a time in add/step/remove
+        if self.drafter is not None and self.default_spec.draft_max == "auto":
+            try:
+                self._calibrate()  # every slot is free now: measure what decodes cost here
+            except BaseException:
+                self.close()
+                raise
 
     # ------------------------------------------------------------ lifecycle
 
@@ -319,7 +336,7 @@ class SpeculativeEngine:
             sampling=sampling, spec=spec, sampler=sampler,
             draft_sampler=sampler.spawn(1), accept_sampler=sampler.spawn(2),
             max_tokens=max_tokens, stop=stops, stop_tokens=stop_ids, ignore_eos=bool(ignore_eos),
-            history=list(toks),
+            history=list(toks), acc=Acceptance(max(1, self.draft_max)),
         )
 
     def _prefill(self, seqs: list[_Seq], sample_first: bool) -> None:
@@ -449,6 +466,9 @@ class SpeculativeEngine:
             finally:
                 self.stats.step_s += time.perf_counter() - t_step
             self.stats.steps += 1
+            self.policy.observe_step(sum(len(e.tokens) for e in events), time.perf_counter() - t_step)
+            self.stats.estimated_tok_s = self.policy.estimated_tok_s
+            self.stats.measured_tok_s = self.policy.measured_tok_s
             return events
 
     def interrupt(self) -> None:
@@ -457,7 +477,67 @@ class SpeculativeEngine:
         if self.drafter is not None:
             self.drafter.ctx.interrupt()
 
+    def _calibrate(self) -> None:
+        """Measure the decode costs the adaptive policy starts from, once, while every
+        sequence slot is free: target decodes of one and of all sequences with 1 ..
+        draft_max + 1 rows each, MTP draft decodes of 1 .. max_sequences outputs.
+        The slots are emptied again."""
+        self._calibrated = True
+        free = 0
+        if self._seqs or self.drafter is None or self.draft_max == 0:
+            return
+        tok = 0
+        b = self._batch
+        mem = self.target.memory
+        d = self.drafter
+
+        def timed(run, reps: int) -> float:  # type: ignore[no-untyped-def]
+            best = float("inf")
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                run()
+                best = min(best, time.perf_counter() - t0)
+            return best
+
+        try:
+            # one sequence with 1 .. draft_max + 1 rows; all sequences with 1 .. draft_max + 1 rows each
+            layouts = {1: [(1, r) for r in range(1, self.draft_max + 2)]}
+            if self.max_sequences > 1:
+                layouts[self.max_sequences] = [(self.max_sequences, r) for r in range(1, self.draft_max + 2)
+                                               if self.max_sequences * r <= b.capacity]
+            for n_seqs, shapes in layouts.items():
+                pts = []
+                for n, per in shapes:
+                    def verify(n: int = n, per: int = per) -> None:
+                        for s in range(n):
+                            mem.seq_rm(s, -1, -1)
+                        b.clear()
+                        for s in range(n):
+                            b.extend([tok] * per, 0, s, outputs="all")
+                        self.target.decode(b)
+                    pts.append((n * per, timed(verify, 2 if n * per <= 8 else 1)))
+                self.policy.costs.verify.calibrate(n_seqs, pts)
+            h = np.zeros(d.hidden_dim, dtype=np.float32)
+            dpts = []
+            for n in sorted({x for x in (1, 2, 4, 8, 16, 32, 64, 128, 256) if x <= self.max_sequences}
+                            | {self.max_sequences}):
+                def draft(n: int = n) -> None:
+                    d.ctx.memory.seq_rm(free, -1, -1)
+                    d.batch.clear()
+                    for j in range(n):  # one output per drafting sequence (all on the free slot here)
+                        d.batch.add(tok, j, free, output=True, hidden=h)
+                    d.ctx.decode(d.batch)
+                dpts.append((n, timed(draft, 2 if n <= 8 else 1)))
+            self.policy.costs.draft.calibrate(dpts)
+        finally:
+            for s in range(self.max_sequences):
+                if s not in self._seqs:
+                    mem.seq_rm(s, -1, -1)
+                    d.ctx.memory.seq_rm(s, -1, -1)
+
     def _step(self, seqs: list[_Seq]) -> list[StepEvent]:
+        if not self._calibrated and any(q.spec.draft_max == "auto" for q in seqs):
+            self._calibrate()  # only where a slot is free; engines with auto by default calibrated at birth
         rebuild = [q for q in seqs if q.rebuild]
         if rebuild:
             self._prefill(rebuild, sample_first=False)
@@ -473,14 +553,34 @@ class SpeculativeEngine:
         if not runnable:
             return events
 
-        # 1. plan, within the shared batch
-        ks = {q.seq: self._plan(q) for q in runnable}
+        # 1. plan: caps from max_tokens and the context; n-gram proposals as found;
+        #    MTP draft lengths fixed, or chosen by the adaptive policy
+        caps = {q.seq: self._plan(q) for q in runnable}
+        ngram_d: dict[int, list[int]] = {}
+        for q in runnable:
+            if q.spec.ngram and caps[q.seq] > 0:
+                d = self.ngram.propose(np.asarray(q.history, dtype=np.int32), min(caps[q.seq], q.spec.ngram_max))
+                if d:
+                    ngram_d[q.seq] = d
+        cands: dict[int, tuple[int, Acceptance, int | None, int]] = {}
+        for q in runnable:
+            assert q.acc is not None
+            q.acc.tick()
+            if q.seq in ngram_d:
+                n = len(ngram_d[q.seq])
+                cands[q.seq] = (n, q.acc, n, 0)
+            elif self.drafter is None:
+                cands[q.seq] = (0, q.acc, 0, 0)
+            else:
+                cap = min(caps[q.seq], self._mtp_k(q))
+                cands[q.seq] = (cap, q.acc, None if q.spec.draft_max == "auto" else cap, q.idle)
+        ks = self.policy.choose(cands)
         room = self.target.n_batch - sum(len(q.backlog) + 1 for q in runnable)
         while sum(ks.values()) > room:
             s = max(ks, key=lambda x: ks[x])
             ks[s] -= 1
 
-        # 2. drafts
+        # 2. drafts: one MTP-context decode per draft position for every sequence
         drafts: dict[int, list[int]] = {}
         qdists: dict[int, list] = {}  # type: ignore[type-arg]
         source: dict[int, str | None] = {}
@@ -490,23 +590,22 @@ class SpeculativeEngine:
             drafts[q.seq], source[q.seq] = [], None
             if k <= 0:
                 continue
-            if q.spec.ngram:
-                d = self.ngram.propose(np.asarray(q.history, dtype=np.int32), min(k, q.spec.ngram_max))
-                if d:
-                    drafts[q.seq], source[q.seq] = d, "ngram"
-                    continue
-            mtp_k = min(k, self._mtp_k(q))
-            if self.drafter is not None and mtp_k > 0:
+            if q.seq in ngram_d:
+                drafts[q.seq], source[q.seq] = ngram_d[q.seq][:k], "ngram"
+                continue
+            if self.drafter is not None:
                 stochastic = self._mode(q) == "rejection"
                 mtp_reqs.append(DraftRequest(
                     seq=q.seq, token=q.id_last, pos=q.pos0, hidden=q.pending_h,  # type: ignore[arg-type]
-                    n_max=mtp_k, n_min=q.spec.draft_min, p_min=q.spec.p_min,
+                    n_max=k, n_min=q.spec.draft_min, p_min=q.spec.p_min,
                     sampler=q.draft_sampler if stochastic else None, history=q.history if stochastic else [],
                 ))
         if mtp_reqs and self.drafter is not None:
             t0 = time.perf_counter()
             got = self.drafter.draft(mtp_reqs)
             self.stats.draft_s += time.perf_counter() - t0
+            for rows, secs in self.drafter.last_timings:
+                self.policy.costs.draft.observe(rows, secs)
             for seq, d in got.items():
                 drafts[seq], source[seq] = d.tokens, ("mtp" if d.tokens else None)
                 if d.q is not None:
@@ -534,7 +633,9 @@ class SpeculativeEngine:
             spans[q.seq] = sl
         t0 = time.perf_counter()
         self.target.decode(b)
-        self.stats.verify_s += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        self.stats.verify_s += dt
+        self.policy.costs.verify.observe(len(runnable), b.n_tokens, dt)
         logits = self.target.logits_all()
         hidden = self.target.hidden_all() if self.drafter is not None else None
 
@@ -554,6 +655,9 @@ class SpeculativeEngine:
                 mode = "match"
                 n_acc, new = verify_match(rows, d, q.sampler, q.history)
             q.state.stats.record(source[q.seq], k, n_acc, mode if k else None)
+            if source[q.seq] == "mtp" and q.acc is not None:
+                q.acc.observe(k, n_acc)
+            q.idle = 0 if k else q.idle + 1
             sl = spans[q.seq]
             accepted = [q.id_last, *d[:n_acc]]
             if hidden is not None and self.drafter is not None:
@@ -586,12 +690,26 @@ class SpeculativeEngine:
         for q in runnable:
             if q.state.finished:
                 self._finish(q)
+        if self.drafter is not None:
+            # sequences that stopped drafting still feed the MTP context: keep their queues short
+            long = [q.seq for q in runnable if not q.state.finished and self.drafter.pending(q.seq) > 32]
+            if long:
+                t0 = time.perf_counter()
+                self.drafter.flush(long)
+                self.stats.catch_up_s += time.perf_counter() - t0
         return events
 
     def _mode(self, q: _Seq) -> str:
         v = q.spec.verify
         if v == "auto":
-            return "greedy" if q.sampling.greedy else "rejection"
+            if q.sampling.greedy:
+                return "greedy"
+            # Rejection sampling consumes randomness per *draft*, so with draft lengths
+            # chosen from timings a seed would no longer reproduce the output;
+            # sample-and-match draws once per emitted token, whatever was drafted.
+            if q.spec.draft_max == "auto" and q.sampling.seed is not None:
+                return "match"
+            return "rejection"
         if v in ("match", "rejection") and q.sampling.greedy:
             return "greedy"
         return v

@@ -19,6 +19,7 @@ All drafting sequences share **one MTP-context decode per draft position**.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,6 +106,7 @@ class MTPDrafter:
         self._queues: dict[int, _Queue] = {}
         self._zero = np.zeros(self.hidden_dim, dtype=np.float32)
         self.decodes = 0
+        self.last_timings: list[tuple[int, float]] = []  # (rows, seconds): last draft()'s pure draft decodes
 
     def close(self) -> None:
         self.ctx.close()
@@ -206,6 +208,7 @@ class MTPDrafter:
         """
         out = {r.seq: Draft(tokens=[], q=[] if r.sampler is not None else None) for r in requests}
         live = [r for r in requests if r.n_max > 0]
+        self.last_timings = []
         if not live:
             return out
         b = self.batch
@@ -227,7 +230,10 @@ class MTPDrafter:
         active = live
         step = 0
         while active:
+            t0 = time.perf_counter()
             self.ctx.decode(b)
+            if step > 0:  # the first decode also carries catch-up rows: not a clean draft cost
+                self.last_timings.append((b.n_tokens, time.perf_counter() - t0))
             self.decodes += 1
             if step == 0:
                 self._consume(taken)

@@ -113,6 +113,8 @@ class EngineStats:
     step_s: float = 0.0              # wall time inside step()
     steps: int = 0
     spec: SpecStats = field(default_factory=SpecStats)
+    estimated_tok_s: float = 0.0     # what the adaptive draft-length policy expected of the last step
+    measured_tok_s: float = 0.0      # what steps actually delivered (exponentially weighted)
 
     @property
     def python_s(self) -> float:
@@ -134,5 +136,7 @@ class EngineStats:
             "step_s": self.step_s,
             "steps": self.steps,
             "python_share": round(self.python_share, 6),
+            "estimated_tok_s": round(self.estimated_tok_s, 3),
+            "measured_tok_s": round(self.measured_tok_s, 3),
             "spec": self.spec.as_dict(),
         }

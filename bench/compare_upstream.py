@@ -1,0 +1,423 @@
+"""llama-mtp vs llama.cpp's own drivers, on one machine, as ratios.
+
+    python bench/compare_upstream.py            # full run (see bench/README.md)
+    python bench/compare_upstream.py --quick    # fewer draft lengths / repeats
+
+1. plain decoding: ``llama-completion`` vs ours (``mtp=False``);
+2. one sequence with MTP: ``llama-speculative-simple --spec-type draft-mtp`` vs ours,
+   for draft lengths 1..6 at three acceptance levels -- same greedy output
+   (asserted), same acceptance (reported);
+3. 4 and 8 parallel sequences: ``llama-server -np N --spec-type draft-mtp`` on
+   loopback with N concurrent requests vs our ``generate_many`` (aggregate tok/s);
+4. the time split of our step (draft / verify / catch-up / Python).
+
+Both sides run the same pinned llama.cpp source, built with the same CMake flags,
+on the same model files, threads and draft lengths; every configuration is
+measured ``--repeat`` times, interleaved, and the median is reported. Results go to
+bench/results/ (JSON, markdown, PNG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import models  # noqa: E402
+import upstream  # noqa: E402
+
+import llama_mtp as lm  # noqa: E402
+from llama_mtp.speculative import SpeculativeEngine  # noqa: E402
+
+RESULTS = HERE / "results"
+GREEDY = lm.SamplingParams(temperature=0.0)
+
+
+@dataclass
+class Cell:
+    ours: list[float] = field(default_factory=list)
+    theirs: list[float] = field(default_factory=list)
+    ours_acc: float | None = None
+    theirs_acc: float | None = None
+    same_output: bool | None = None
+    split: dict[str, float] = field(default_factory=dict)
+
+    def ratio(self) -> float:
+        return statistics.median(self.ours) / statistics.median(self.theirs)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ours_tok_s": round(statistics.median(self.ours), 2), "upstream_tok_s": round(statistics.median(self.theirs), 2),
+            "ratio": round(self.ratio(), 4), "ours_runs": [round(x, 2) for x in self.ours],
+            "upstream_runs": [round(x, 2) for x in self.theirs], "ours_acceptance": self.ours_acc,
+            "upstream_acceptance": self.theirs_acc, "same_output": self.same_output, "time_split": self.split,
+        }
+
+
+# ---------------------------------------------------------------- upstream drivers
+
+
+def _run(cmd: list[str], timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(f"{cmd[0]} failed ({out.returncode}):\n{out.stderr[-2000:]}")
+    return out
+
+
+def up_plain(bins: dict[str, Path], model: Path, prompt: str, n: int, threads: int, n_ctx: int) -> tuple[float, str]:
+    out = _run([str(bins["llama-completion"]), "-m", str(model), "-p", prompt, "-n", str(n), "--temp", "0",
+                "-t", str(threads), "-c", str(n_ctx), "-no-cnv", "--no-display-prompt", "--no-warmup"])
+    m = re.search(r"eval time =\s+([\d.]+) ms /\s+(\d+) runs", out.stderr.split("prompt eval time")[-1])
+    if not m:
+        raise RuntimeError("could not parse llama-completion's timings:\n" + out.stderr[-1500:])
+    return int(m.group(2)) / (float(m.group(1)) / 1e3), out.stdout
+
+
+def up_spec(bins: dict[str, Path], model: Path, prompt: str, n: int, k: int, threads: int,
+            n_ctx: int) -> tuple[float, float, str]:
+    out = _run([str(bins["llama-speculative-simple"]), "-m", str(model), "--spec-type", "draft-mtp",
+                "--spec-draft-n-max", str(k), "-p", prompt, "-n", str(n), "--temp", "0", "-t", str(threads),
+                "-c", str(n_ctx)])
+    sp = re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+)", out.stderr)
+    n_drafted = re.search(r"n_drafted = (\d+)", out.stderr)
+    n_accept = re.search(r"n_accept\s+= (\d+)", out.stderr)
+    if not sp or not n_drafted or not n_accept:
+        raise RuntimeError("could not parse llama-speculative-simple's output:\n" + out.stderr[-1500:])
+    drafted, accepted = int(n_drafted.group(1)), int(n_accept.group(1))
+    text = out.stdout.strip()  # it echoes the prompt first
+    text = text[len(prompt.strip()):] if text.startswith(prompt.strip()) else text
+    return float(sp.group(1)), accepted / drafted if drafted else 0.0, text
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """llama-server on loopback for one configuration; stops itself on exit."""
+
+    def __init__(self, bins: dict[str, Path], model: Path, n_par: int, k: int, threads: int, n_ctx: int) -> None:
+        self.port = _free_port()
+        cmd = [str(bins["llama-server"]), "-m", str(model), "-np", str(n_par), "-c", str(n_ctx * n_par),
+               "-t", str(threads), "--host", "127.0.0.1", "--port", str(self.port), "--no-warmup"]
+        if k > 0:
+            cmd += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(k)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("llama-server exited:\n" + (self.proc.stderr.read() if self.proc.stderr else ""))
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.2)
+        self.close()
+        raise RuntimeError("llama-server did not become healthy within 120 s")
+
+    def complete(self, prompt: str, n: int) -> dict[str, Any]:
+        body = json.dumps({"prompt": prompt, "n_predict": n, "temperature": 0, "cache_prompt": False,
+                           "ignore_eos": True}).encode()
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/completion", data=body,
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return json.loads(r.read())
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def up_parallel(server: Server, prompt: str, n: int, n_par: int) -> tuple[float, float, list[str]]:
+    results: list[dict[str, Any]] = [{}] * n_par
+    errors: list[BaseException] = []
+
+    def go(i: int) -> None:
+        try:
+            results[i] = server.complete(prompt, n)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(n_par)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise RuntimeError(f"llama-server request failed: {errors[0]}")
+    tokens = sum(r["timings"]["predicted_n"] for r in results)
+    drafted = sum(r["timings"].get("draft_n", 0) for r in results)
+    accepted = sum(r["timings"].get("draft_n_accepted", 0) for r in results)
+    return tokens / wall, accepted / drafted if drafted else 0.0, [r["content"] for r in results]
+
+
+# ---------------------------------------------------------------- ours
+
+
+class Ours:
+    def __init__(self, model: lm.Model, threads: int, n_ctx: int) -> None:
+        self.model = model
+        self.threads = threads
+        self.n_ctx = n_ctx
+        self.engines: dict[tuple[int, int, bool], SpeculativeEngine] = {}
+
+    def engine(self, n_par: int, k: int) -> SpeculativeEngine:
+        key = (n_par, k, k > 0)
+        if key not in self.engines:
+            self.engines[key] = SpeculativeEngine(
+                self.model, max_sequences=n_par, n_ctx=self.n_ctx, draft_max=max(k, 1) if k > 0 else 0, mtp=k > 0,
+                sampling=GREEDY, params=lm.ContextParams(n_threads=self.threads))
+        return self.engines[key]
+
+    def run(self, prompt: str, n: int, k: int, n_par: int = 1) -> tuple[float, float, list[str], dict[str, float]]:
+        eng = self.engine(n_par, k)
+        before = eng.stats.as_dict()
+        toks = self.model.tokenize(prompt)
+        t0 = time.perf_counter()
+        ids = eng.add_many([dict(prompt=toks, max_tokens=n, ignore_eos=True) for _ in range(n_par)])
+        t1 = time.perf_counter()
+        while eng.active:
+            eng.step()
+        t2 = time.perf_counter()
+        states = [eng.remove(i) for i in ids]
+        after = eng.stats.as_dict()
+        split = {k_: round(after[k_] - before[k_], 4) for k_ in ("draft_s", "verify_s", "catch_up_s", "restore_s",
+                                                                 "python_s", "step_s")}
+        spec = [s.stats for s in states]
+        drafted = sum(s.draft_n for s in spec)
+        acc = sum(s.draft_n_accepted for s in spec) / drafted if drafted else 0.0
+        texts = [s.text.decode("utf-8", "replace") for s in states]
+        if n_par == 1:
+            # like llama-speculative-simple and llama-completion: tokens made by the decode loop
+            rate = (len(states[0].tokens) - 1) / (t2 - t1)
+        else:
+            # like the server side: everything, prompts included, from first request to last reply
+            rate = sum(len(s.tokens) for s in states) / (t2 - t0)
+        return rate, acc, texts, split
+
+    def close(self) -> None:
+        for e in self.engines.values():
+            e.close()
+
+
+# ---------------------------------------------------------------- the run
+
+
+def _same(a: str, b: str, n_words: int = 40) -> bool:
+    """Same greedy continuation (compared word by word over the common prefix length)."""
+    wa, wb = a.split(), b.split()
+    n = min(len(wa), len(wb), n_words)
+    return n > 10 and wa[:n] == wb[:n]
+
+
+def machine() -> dict[str, Any]:
+    cpu = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu or platform.processor(), "cores": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform(), "llama_mtp": lm.__version__}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="k in {1,3,6}, 2 repeats, 64 tokens")
+    ap.add_argument("--draft", default="1-6", help="draft lengths, e.g. 1-6 or 1,3")
+    ap.add_argument("--levels", default="50,75,97", help="acceptance levels in percent")
+    ap.add_argument("--parallel", default="4,8", help="parallel counts for the server comparison")
+    ap.add_argument("--parallel-k", type=int, default=3, help="draft length of the parallel comparison")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("-n", "--tokens", type=int, default=128)
+    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--n-ctx", type=int, default=1024)
+    ap.add_argument("--out", default=str(RESULTS))
+    args = ap.parse_args()
+    if args.quick:
+        args.draft = "1,3,6" if args.draft == "1-6" else args.draft
+        args.repeat, args.tokens = min(args.repeat, 2), min(args.tokens, 64)
+    ks = sorted({int(x) for part in args.draft.split(",") for x in
+                 (range(int(part.split("-")[0]), int(part.split("-")[1]) + 1) if "-" in part else [part])})
+    levels = [int(x) / 100 for x in args.levels.split(",")]
+    pars = [int(x) for x in args.parallel.split(",") if x.strip()]
+    t_start = time.time()
+
+    print("building llama.cpp's drivers from the pinned source (cached) ...", flush=True)
+    bins = upstream.build()
+    report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(),
+                              "llama_cpp_commit": lm.build_info()["llama_cpp_commit"],
+                              "settings": {"tokens": args.tokens, "repeat": args.repeat, "threads": args.threads,
+                                           "n_ctx": args.n_ctx, "draft_lengths": ks, "cmake": upstream.cmake_flags()},
+                              "plain": {}, "mtp": {}, "parallel": {}}
+    prompt = models.PROMPT
+    for level in levels:
+        path, spec, predicted = models.bench_model(level)
+        tag = f"{int(round(level * 100))}"
+        print(f"\n== acceptance ~{tag}% ({path.name}, mtp_noise {spec.mtp_noise}, predicted {predicted:.3f})", flush=True)
+        model = lm.Model(path)
+        ours = Ours(model, args.threads, args.n_ctx)
+        cells: dict[str, Cell] = {"plain": Cell(), **{f"k{k}": Cell() for k in ks}}
+        try:
+            ours.run(prompt, 16, 0)
+            for k in ks:
+                ours.run(prompt, 16, k)  # warm-up: graphs allocated, pages resident
+            for r in range(args.repeat):
+                for name, cell in cells.items():
+                    k = 0 if name == "plain" else int(name[1:])
+                    if k == 0:
+                        theirs, text_up = up_plain(bins, path, prompt, args.tokens, args.threads, args.n_ctx)
+                        mine, _, texts, split = ours.run(prompt, args.tokens, 0)
+                    else:
+                        theirs, acc_up, text_up = up_spec(bins, path, prompt, args.tokens, k, args.threads, args.n_ctx)
+                        mine, acc, texts, split = ours.run(prompt, args.tokens, k)
+                        cell.ours_acc, cell.theirs_acc = round(acc, 4), round(acc_up, 4)
+                    cell.theirs.append(theirs)
+                    cell.ours.append(mine)
+                    cell.split = split
+                    same = _same(texts[0], text_up)
+                    cell.same_output = same if cell.same_output is None else (cell.same_output and same)
+                    print(f"  [{r + 1}/{args.repeat}] {name:5} ours {mine:6.1f}  upstream {theirs:6.1f} tok/s"
+                          + (f"  acceptance {cell.ours_acc:.3f} / {cell.theirs_acc:.3f}" if k else "")
+                          + ("" if same else "  OUTPUT DIFFERS"), flush=True)
+            report["plain"][tag] = cells.pop("plain").as_dict()
+            report["mtp"][tag] = {name: c.as_dict() for name, c in cells.items()}
+            if level == 0.75 or (level == levels[len(levels) // 2]):
+                report["parallel"][tag] = run_parallel(bins, path, ours, prompt, pars, args)
+        finally:
+            ours.close()
+            model.close()
+    report["wall_s"] = round(time.time() - t_start, 1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare_upstream.json").write_text(json.dumps(report, indent=2))
+    md = markdown(report)
+    (out / "compare_upstream.md").write_text(md)
+    try:
+        plot(report, out / "compare_upstream.png")
+    except ImportError:
+        print("(matplotlib not installed: no plot)")
+    print("\n" + md)
+    print(f"wrote {out}/compare_upstream.{{json,md,png}} in {report['wall_s']:.0f} s")
+
+
+def run_parallel(bins: dict[str, Path], path: Path, ours: Ours, prompt: str, pars: list[int],
+                 args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    k = args.parallel_k
+    n = max(32, args.tokens // 2)
+    for n_par in pars:
+        cell = Cell()
+        with Server(bins, path, n_par, k, args.threads, args.n_ctx) as srv:
+            up_parallel(srv, prompt, 16, n_par)  # warm-up
+            ours.run(prompt, 16, k, n_par)
+            for r in range(args.repeat):
+                theirs, acc_up, texts_up = up_parallel(srv, prompt, n, n_par)
+                mine, acc, texts, split = ours.run(prompt, n, k, n_par)
+                cell.theirs.append(theirs)
+                cell.ours.append(mine)
+                cell.ours_acc, cell.theirs_acc, cell.split = round(acc, 4), round(acc_up, 4), split
+                same = all(_same(a, b, 20) for a, b in zip(texts, texts_up))
+                cell.same_output = same if cell.same_output is None else (cell.same_output and same)
+                print(f"  [{r + 1}/{args.repeat}] parallel {n_par}: ours {mine:6.1f}  llama-server {theirs:6.1f} "
+                      f"tok/s (aggregate)  acceptance {acc:.3f} / {acc_up:.3f}", flush=True)
+        out[str(n_par)] = cell.as_dict()
+    return out
+
+
+def markdown(r: dict[str, Any]) -> str:
+    lines = [f"### llama-mtp vs llama.cpp ({r['date']})", "",
+             f"{r['machine']['cpu']}, {r['machine']['cores']} cores, {r['settings']['threads']} threads; "
+             f"llama.cpp `{r['llama_cpp_commit'][:7]}` built with the same flags on both sides; "
+             f"{r['settings']['tokens']} tokens, greedy, median of {r['settings']['repeat']} interleaved runs.", "",
+             "| acceptance | plain: ours / llama-completion | " + " | ".join(
+                 f"k={k}" for k in r["settings"]["draft_lengths"]) + " |",
+             "|---|---|" + "---|" * len(r["settings"]["draft_lengths"])]
+    for tag, plain in r["plain"].items():
+        row = [f"~{tag}%", f"{plain['ours_tok_s']:.1f} / {plain['upstream_tok_s']:.1f} = **{plain['ratio']:.3f}x**"]
+        for k in r["settings"]["draft_lengths"]:
+            c = r["mtp"][tag][f"k{k}"]
+            row.append(f"{c['ours_tok_s']:.1f} / {c['upstream_tok_s']:.1f} = **{c['ratio']:.3f}x** "
+                       f"(acc {c['ours_acceptance']:.2f}/{c['upstream_acceptance']:.2f}"
+                       + ("" if c["same_output"] else ", output differs") + ")")
+        lines.append("| " + " | ".join(row) + " |")
+    lines += ["", "MTP cells: ours / `llama-speculative-simple --spec-type draft-mtp` tok/s (acceptance ours/upstream).", ""]
+    if r["parallel"]:
+        lines += ["| acceptance | parallel | ours generate_many | llama-server -np N | ratio |", "|---|---|---|---|---|"]
+        for tag, cells in r["parallel"].items():
+            for n_par, c in cells.items():
+                lines.append(f"| ~{tag}% | {n_par} | {c['ours_tok_s']:.1f} tok/s | {c['upstream_tok_s']:.1f} tok/s | "
+                             f"**{c['ratio']:.3f}x** |")
+        lines.append("")
+    # time split of our step, from the k=3 cells
+    lines += ["Our step, time split at k=3 (seconds over one generation):", ""]
+    for tag, cells in r["mtp"].items():
+        c = cells.get("k3")
+        if c and c["time_split"]:
+            s = c["time_split"]
+            step = s["step_s"] or 1.0
+            lines.append(f"- ~{tag}%: draft {s['draft_s']:.3f} ({s['draft_s'] / step:.0%}), verify {s['verify_s']:.3f} "
+                         f"({s['verify_s'] / step:.0%}), catch-up {s['catch_up_s']:.3f}, restore {s['restore_s']:.3f}, "
+                         f"Python {s['python_s']:.3f} ({s['python_s'] / step:.1%})")
+    return "\n".join(lines) + "\n"
+
+
+def plot(r: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    ks = r["settings"]["draft_lengths"]
+    for tag, cells in r["mtp"].items():
+        plain_up = r["plain"][tag]["upstream_tok_s"]
+        a1.plot(ks, [cells[f"k{k}"]["ours_tok_s"] / plain_up for k in ks], marker="o", label=f"ours, ~{tag}%")
+        a1.plot(ks, [cells[f"k{k}"]["upstream_tok_s"] / plain_up for k in ks], marker="x", ls="--",
+                label=f"llama.cpp, ~{tag}%")
+        a2.plot(ks, [cells[f"k{k}"]["ratio"] for k in ks], marker="o", label=f"~{tag}%")
+    a1.axhline(1.0, color="gray", lw=0.8)
+    a1.set(xlabel="draft length", ylabel="speedup vs llama-completion", title="MTP speedup over plain decoding")
+    a2.axhline(1.0, color="gray", lw=0.8)
+    a2.set(xlabel="draft length", ylabel="ours / llama.cpp", title="llama-mtp vs llama-speculative-simple")
+    for a in (a1, a2):
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,324 @@
+"""Adaptive draft length: choose each sequence's draft length per step (0 included)
+to maximise expected tokens per second, from measured costs and running acceptance.
+
+Model (all estimates refreshed as the run goes):
+
+* **costs**, shared by every sequence of an engine (they share the hardware):
+  seconds of a target decode by its row count, and of an MTP-context draft decode
+  by its output rows -- measured once when the engine starts, then refreshed by
+  every decode it runs (exponentially weighted, interpolated between row counts);
+* **acceptance**, per sequence: ``alpha[i]``, the probability that draft position
+  ``i`` is accepted given positions ``0..i-1`` were -- exponentially weighted,
+  so a sequence that moves from prose to code adapts within a few dozen tokens.
+
+With drafts ``k_s`` per sequence, one step emits ``sum_s E_s(k_s)`` tokens, where
+``E(k) = 1 + sum_{i<k} prod_{j<=i} alpha[j]``, and costs one verify of
+``sum_s (1 + k_s)`` rows plus ``max_s k_s`` MTP decodes (decode ``i`` carries the
+sequences still drafting). The policy grows draft lengths greedily, one token at
+a time, while that raises tokens per second -- so it picks 0 when drafting cannot
+pay, and the longest useful draft when acceptance is near 1. A sequence that stops
+drafting is probed with a 1-token draft now and then, so it can come back when
+its text becomes predictable again.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["Acceptance", "CostModel", "DraftPolicy", "LinearCost", "PiecewiseCost", "VerifyCost"]
+
+
+class LinearCost:
+    """``seconds = a + b * rows``: exponentially weighted least squares (with a prior)."""
+
+    def __init__(self, a: float, b: float, halflife: float = 32.0) -> None:
+        self.decay = 0.5 ** (1.0 / halflife)
+        # sufficient statistics of the weighted fit, seeded with two prior points
+        self.sw = self.sx = self.sy = self.sxx = self.sxy = 0.0
+        self.n = 0
+        self._prior(a, b)
+
+    def _prior(self, a: float, b: float, weight: float = 0.5) -> None:
+        for x in (1.0, 8.0):
+            self._add(x, a + b * x, weight=weight)
+
+    def calibrate(self, points: list[tuple[int, float]], weight: float = 4.0) -> None:
+        """Replace the prior by measured points (each worth ``weight`` observations)."""
+        self.sw = self.sx = self.sy = self.sxx = self.sxy = 0.0
+        for x, y in points:
+            self._add(float(x), float(y), weight=weight)
+
+    def _add(self, x: float, y: float, weight: float = 1.0) -> None:
+        self.sw += weight
+        self.sx += weight * x
+        self.sy += weight * y
+        self.sxx += weight * x * x
+        self.sxy += weight * x * y
+
+    def observe(self, rows: int, seconds: float) -> None:
+        if rows <= 0 or seconds <= 0.0:
+            return
+        d = self.decay
+        self.sw, self.sx, self.sy, self.sxx, self.sxy = (d * self.sw, d * self.sx, d * self.sy, d * self.sxx,
+                                                         d * self.sxy)
+        self._add(float(rows), float(seconds))
+        self.n += 1
+
+    @property
+    def coef(self) -> tuple[float, float]:
+        denom = self.sw * self.sxx - self.sx * self.sx
+        if denom <= 1e-18:
+            return self.sy / max(self.sw, 1e-12), 0.0
+        b = (self.sw * self.sxy - self.sx * self.sy) / denom
+        b = max(b, 0.0)  # more rows never cost less
+        a = (self.sy - b * self.sx) / self.sw
+        if a < 0.0:  # keep the fit physical
+            a, b = 0.0, self.sy / max(self.sx, 1e-12)
+        return a, b
+
+    def __call__(self, rows: int) -> float:
+        if rows <= 0:
+            return 0.0
+        a, b = self.coef
+        return a + b * rows
+
+
+class PiecewiseCost:
+    """Seconds of a decode by its row count: measured points, interpolated.
+
+    Decode time is far from linear in the rows on CPUs (a batch gets cheaper per
+    row as it grows), so the model keeps an exponentially weighted mean per row
+    count that was measured, interpolates linearly between them, and extrapolates
+    from the last two points. Until anything is measured it falls back on a line.
+    """
+
+    def __init__(self, a: float, b: float, weight: float = 0.25) -> None:
+        self.line = (a, b)
+        self.weight = weight
+        self.points: dict[int, float] = {}
+
+    def calibrate(self, points: list[tuple[int, float]]) -> None:
+        for rows, secs in points:
+            self.points[int(rows)] = float(secs)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        if rows <= 0 or seconds <= 0.0:
+            return
+        old = self.points.get(rows)
+        self.points[rows] = seconds if old is None else (1 - self.weight) * old + self.weight * seconds
+
+    def __call__(self, rows: int) -> float:
+        if rows <= 0:
+            return 0.0
+        if rows in self.points:
+            return self.points[rows]
+        xs = sorted(self.points)
+        if len(xs) < 2:
+            a, b = self.line
+            if xs:  # one point: the line's slope through it
+                x0 = xs[0]
+                return max(1e-6, self.points[x0] + b * (rows - x0))
+            return a + b * rows
+        lo = max((x for x in xs if x < rows), default=None)
+        hi = min((x for x in xs if x > rows), default=None)
+        if lo is None:
+            lo, hi = xs[0], xs[1]
+        elif hi is None:
+            lo, hi = xs[-2], xs[-1]
+        y0, y1 = self.points[lo], self.points[hi]
+        slope = max(0.0, (y1 - y0) / (hi - lo))
+        return max(1e-6, y0 + slope * (rows - lo))
+
+
+class VerifyCost:
+    """Target decode seconds by (sequences in the batch, rows): one curve per
+    sequence count (batches of many sequences and of one long sequence cost
+    differently: recurrent layers run sequences in parallel, tokens in order);
+    a count never measured borrows the nearest curve."""
+
+    def __init__(self) -> None:
+        self.curves: dict[int, PiecewiseCost] = {}
+
+    def curve(self, n_seqs: int) -> PiecewiseCost:
+        if n_seqs not in self.curves:
+            self.curves[n_seqs] = PiecewiseCost(0.02, 0.004)
+        return self.curves[n_seqs]
+
+    def observe(self, n_seqs: int, rows: int, seconds: float) -> None:
+        self.curve(n_seqs).observe(rows, seconds)
+
+    def calibrate(self, n_seqs: int, points: list[tuple[int, float]]) -> None:
+        self.curve(n_seqs).calibrate(points)
+
+    def __call__(self, n_seqs: int, rows: int) -> float:
+        if not self.curves:
+            return self.curve(n_seqs)(rows)
+        known = self.curves.get(n_seqs)
+        if known is None or not known.points:
+            near = min((n for n, c in self.curves.items() if c.points), key=lambda n: abs(n - n_seqs), default=None)
+            known = self.curves[near] if near is not None else self.curve(n_seqs)
+        return known(rows)
+
+
+@dataclass
+class CostModel:
+    """Measured costs of one engine's decodes."""
+
+    verify: VerifyCost = field(default_factory=VerifyCost)
+    draft: PiecewiseCost = field(default_factory=lambda: PiecewiseCost(0.004, 0.001))
+
+    def step_seconds(self, ks: list[int]) -> float:
+        t = self.verify(len(ks), sum(1 + k for k in ks))
+        for i in range(max(ks, default=0)):
+            t += self.draft(sum(1 for k in ks if k > i))
+        return t
+
+
+class Acceptance:
+    """Per-position conditional acceptance of one sequence, exponentially weighted.
+
+    Evidence decays every step (``tick``), observed or not. Draft lengths are
+    chosen on the running estimate; whether a sequence that stopped drafting
+    should try a 1-token probe is judged on an optimistic one -- the estimate
+    plus a bonus that grows as its evidence fades (an upper confidence bound).
+    A position with little evidence of its own follows the shallower positions.
+    """
+
+    def __init__(self, n_max: int, prior: float = 0.7, halflife: float = 32.0, pseudo: float = 3.0,
+                 bonus: float = 0.3) -> None:
+        self.decay = 0.5 ** (1.0 / halflife)
+        self.prior = prior
+        self.pseudo = pseudo
+        self.bonus = bonus
+        self.hits = [0.0] * max(1, n_max)
+        self.tries = [0.0] * max(1, n_max)
+
+    def alpha(self, i: int) -> float:
+        """The running estimate of P(draft position i accepted | earlier ones were).
+
+        Each position shrinks towards the one before it (position 0 towards the
+        prior), so a depth with little evidence of its own follows the shallower ones.
+        """
+        est = self.prior
+        for j in range(min(i, len(self.hits) - 1) + 1):
+            est = (self.hits[j] + self.pseudo * est) / (self.tries[j] + self.pseudo)
+        return est
+
+    def optimistic(self, i: int) -> float:
+        j = min(i, len(self.hits) - 1)
+        return min(1.0, self.alpha(j) + self.bonus / math.sqrt(self.tries[j] + 1.0))
+
+    def tick(self) -> None:
+        """One engine step passed: older evidence weighs less."""
+        d = self.decay
+        for i in range(len(self.hits)):
+            self.hits[i] *= d
+            self.tries[i] *= d
+
+    def observe(self, drafted: int, accepted: int) -> None:
+        """One verify: ``drafted`` positions proposed, the first ``accepted`` taken."""
+        for i in range(min(drafted, len(self.hits))):
+            if i > accepted:
+                break  # position i was never tested: an earlier one was rejected
+            self.tries[i] += 1.0
+            if i < accepted:
+                self.hits[i] += 1.0
+
+    def expected_tokens(self, k: int, optimistic: bool = False) -> float:
+        """Tokens one verify emits with a k-token draft: 1 + E[accepted]."""
+        total, run = 1.0, 1.0
+        f = self.optimistic if optimistic else self.alpha
+        for i in range(k):
+            run *= f(i)
+            total += run
+        return total
+
+
+class DraftPolicy:
+    """Chooses draft lengths for the sequences of one step."""
+
+    def __init__(self, k_max: int, probe_every: int = 64, hysteresis: float = 0.01) -> None:
+        self.k_max = k_max
+        self.costs = CostModel()
+        self.hysteresis = hysteresis
+        self._last: dict[int, int] = {}
+        self.probe_every = probe_every
+        self.estimated_tok_s = 0.0
+        self.measured_tok_s = 0.0
+        self._ew = 0.9
+
+    def choose(self, cands: dict[int, tuple[int, Acceptance, int | None, int]]) -> dict[int, int]:
+        """Draft lengths for one step.
+
+        ``cands[seq] = (cap, acceptance, fixed, idle)``: the longest draft the sequence
+        may verify now, its acceptance estimate, a fixed draft length (or None to
+        choose), and the steps since it last drafted.
+
+        The search: the best common length for every choosing sequence (an MTP
+        decode has a fixed cost, shared by all the sequences it drafts for), then
+        single-sequence steps up or down while they raise the expected tokens per
+        second. It runs on the running acceptance estimates; a second run on
+        optimistic ones decides which sequences left at 0 get a 1-token probe.
+        """
+        seqs = list(cands)
+        caps = [cands[s][0] for s in seqs]
+        fixed = [cands[s][2] for s in seqs]
+        auto = [i for i, f in enumerate(fixed) if f is None]
+        tables = [[cands[s][1].expected_tokens(k) for k in range(c + 1)] for s, c in zip(seqs, caps)]
+        ks, best = self._search(caps, fixed, auto, tables)
+        # hysteresis: keep last step's lengths unless the new ones are clearly better
+        prev = [min(self._last.get(s, -1), caps[i]) if fixed[i] is None else ks[i] for i, s in enumerate(seqs)]
+        if all(k >= 0 for k in prev) and self._rate(prev, tables) * (1.0 + self.hysteresis) >= best:
+            ks = prev
+        if auto and any(ks[i] == 0 and caps[i] > 0 for i in auto):
+            opt_tables = [[cands[s][1].expected_tokens(k, optimistic=True) for k in range(c + 1)]
+                          for s, c in zip(seqs, caps)]
+            opt, _ = self._search(caps, fixed, auto, opt_tables)
+            for i in auto:
+                if ks[i] == 0 and caps[i] > 0 and (opt[i] > 0 or cands[seqs[i]][3] >= self.probe_every):
+                    ks[i] = 1
+        self.estimated_tok_s = self._rate(ks, tables)
+        out = dict(zip(seqs, ks))
+        self._last = {s: k for s, k in out.items() if fixed[seqs.index(s)] is None}
+        return out
+
+    def _rate(self, ks: list[int], tables: list[list[float]]) -> float:
+        return sum(t[k] for t, k in zip(tables, ks)) / self.costs.step_seconds(ks)
+
+    def _search(self, caps: list[int], fixed: list[int | None], auto: list[int],
+                tables: list[list[float]]) -> tuple[list[int], float]:
+        ks = [min(f, c) if f is not None else 0 for f, c in zip(fixed, caps)]
+        best = self._rate(ks, tables)
+        if not auto:
+            return ks, best
+        best_k = 0
+        for k in range(1, max(caps[i] for i in auto) + 1):
+            for i in auto:
+                ks[i] = min(k, caps[i])
+            r = self._rate(ks, tables)
+            if r > best * (1.0 + 1e-9):
+                best, best_k = r, k
+        for i in auto:
+            ks[i] = min(best_k, caps[i])
+        for _ in range(4 * len(auto)):  # single-sequence refinements (bounded)
+            move = None
+            for i in auto:
+                for delta in (1, -1):
+                    k0 = ks[i]
+                    if not 0 <= k0 + delta <= caps[i]:
+                        continue
+                    ks[i] = k0 + delta
+                    r = self._rate(ks, tables)
+                    ks[i] = k0
+                    if r > best * (1.0 + 1e-6):
+                        best, move = r, (i, k0 + delta)
+            if move is None:
+                break
+            ks[move[0]] = move[1]
+        return ks, best
+
+    def observe_step(self, tokens: int, seconds: float) -> None:
+        if seconds > 0:
+            rate = tokens / seconds
+            self.measured_tok_s = rate if self.measured_tok_s == 0 else self._ew * self.measured_tok_s + (1 - self._ew) * rate

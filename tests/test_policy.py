@@ -1,0 +1,110 @@
+"""The adaptive draft-length policy, on synthetic costs and acceptance (no model)."""
+
+from __future__ import annotations
+
+import pytest
+
+from llama_mtp.speculative.policy import Acceptance, DraftPolicy, PiecewiseCost
+
+
+def memory_bound() -> DraftPolicy:
+    """A decode costs about the same for 1 or 8 rows (a GPU, or a big model on a CPU)."""
+    p = DraftPolicy(6)
+    for n in (1, 4):
+        p.costs.verify.calibrate(n, [(r, 0.020 + 0.0005 * r) for r in (1, 2, 4, 8, 16, 32)])
+    p.costs.draft.calibrate([(1, 0.002), (4, 0.0022)])
+    return p
+
+
+def compute_bound() -> DraftPolicy:
+    """Every extra row costs a lot (a small CPU): drafting pays only when drafts land."""
+    p = DraftPolicy(6)
+    for n in (1, 4):
+        p.costs.verify.calibrate(n, [(r, 0.010 + 0.008 * r) for r in (1, 2, 4, 8, 16, 32)])
+    p.costs.draft.calibrate([(1, 0.004), (4, 0.006)])
+    return p
+
+
+def acc(alpha: float, k: int = 6) -> Acceptance:
+    """An estimate pinned at per-position acceptance alpha."""
+    return Acceptance(k, prior=alpha, pseudo=1e12)
+
+
+def test_expected_tokens() -> None:
+    a = Acceptance(4, prior=0.5, pseudo=1e9)
+    assert a.expected_tokens(0) == 1.0
+    assert a.expected_tokens(3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+
+
+def test_chooses_zero_when_drafting_cannot_pay() -> None:
+    p = compute_bound()
+    ks = p.choose({0: (6, acc(0.05), None, 0)})
+    assert ks == {0: 0}
+
+
+def test_longest_useful_draft_when_acceptance_is_one() -> None:
+    p = memory_bound()
+    assert p.choose({0: (6, acc(1.0), None, 0)}) == {0: 6}
+    # capped by what the sequence may verify now
+    assert memory_bound().choose({0: (2, acc(1.0), None, 0)}) == {0: 2}
+
+
+def test_more_acceptance_longer_drafts() -> None:
+    ks = [compute_bound().choose({0: (6, acc(a), None, 0)})[0] for a in (0.3, 0.6, 0.8, 0.95, 0.999)]
+    assert ks == sorted(ks) and ks[0] == 0 and ks[-1] >= 4, ks
+
+
+def test_switches_when_acceptance_changes() -> None:
+    p = compute_bound()
+    a = Acceptance(6)
+    for _ in range(60):  # predictable text: everything drafted is accepted
+        a.tick()
+        a.observe(6, 6)
+    assert p.choose({0: (6, a, None, 0)})[0] >= 4
+    for _ in range(60):  # the text turns unpredictable
+        a.tick()
+        a.observe(1, 0)
+    assert p.choose({0: (6, a, None, 0)})[0] == 0
+    for _ in range(150):  # nothing drafted for a while: the faded evidence earns a 1-token probe
+        a.tick()
+    assert p.choose({0: (6, a, None, 150)})[0] == 1
+    for _ in range(40):  # the probes land: drafting comes back
+        a.tick()
+        a.observe(max(1, p.choose({0: (6, a, None, 0)})[0]), 6)
+    assert p.choose({0: (6, a, None, 0)})[0] >= 4
+
+
+def test_shared_batch_drafts_less_with_many_sequences() -> None:
+    one = compute_bound().choose({0: (6, acc(0.85), None, 0)})[0]
+    many = compute_bound().choose({s: (6, acc(0.85), None, 0) for s in range(4)})
+    assert one >= 1 and max(many.values()) <= one, (one, many)
+    # a memory-bound device: many sequences still draft long
+    assert min(memory_bound().choose({s: (6, acc(0.95), None, 0) for s in range(4)}).values()) >= 4
+
+
+def test_fixed_lengths_are_kept() -> None:
+    p = compute_bound()
+    ks = p.choose({0: (6, acc(0.05), 3, 0), 1: (2, acc(0.05), 5, 0)})
+    assert ks == {0: 3, 1: 2}
+
+
+def test_acceptance_extrapolates_and_decays() -> None:
+    a = Acceptance(6, prior=0.7, pseudo=1.0)
+    for _ in range(50):
+        a.observe(1, 1)  # only position 0 ever tested
+    assert a.alpha(0) > 0.95 and a.alpha(5) == a.alpha(0)
+    before = a.optimistic(0)
+    for _ in range(200):
+        a.tick()
+    assert a.tries[0] < 1.0 and a.optimistic(0) >= before
+
+
+def test_piecewise_cost() -> None:
+    c = PiecewiseCost(0.02, 0.004)
+    assert c(2) == pytest.approx(0.028)  # nothing measured: the line
+    c.calibrate([(1, 0.02), (4, 0.035), (8, 0.05)])
+    assert c(4) == pytest.approx(0.035)
+    assert c(6) == pytest.approx(0.0425)  # interpolated
+    assert c(16) == pytest.approx(0.08)  # extrapolated from the last segment
+    c.observe(4, 0.045)
+    assert 0.035 < c(4) < 0.045

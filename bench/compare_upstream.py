@@ -90,7 +90,21 @@ def up_plain(bins: dict[str, Path], model: Path, prompt: str, n: int, threads: i
 
 
 def up_spec(bins: dict[str, Path], model: Path, prompt: str, n: int, k: int, threads: int,
-            n_ctx: int) -> tuple[float, float, str]:
+            n_ctx: int, attempts: int = 3) -> tuple[float, float, str]:
+    # One run in a long session once exited 0 with its log cut short after
+    # "creating MTP draft context"; not reproducible -- retry before giving up.
+    for attempt in range(attempts):
+        try:
+            return _up_spec_once(bins, model, prompt, n, k, threads, n_ctx)
+        except RuntimeError as e:
+            if attempt == attempts - 1:
+                raise
+            print(f"  (llama-speculative-simple run failed, retrying: {str(e).splitlines()[0]})", flush=True)
+    raise AssertionError("unreachable")
+
+
+def _up_spec_once(bins: dict[str, Path], model: Path, prompt: str, n: int, k: int, threads: int,
+                  n_ctx: int) -> tuple[float, float, str]:
     out = _run([str(bins["llama-speculative-simple"]), "-m", str(model), "--spec-type", "draft-mtp",
                 "--spec-draft-n-max", str(k), "-p", prompt, "-n", str(n), "--temp", "0", "-t", str(threads),
                 "-c", str(n_ctx)])
@@ -193,15 +207,17 @@ class Ours:
         self.n_ctx = n_ctx
         self.engines: dict[tuple[int, int, bool], SpeculativeEngine] = {}
 
-    def engine(self, n_par: int, k: int) -> SpeculativeEngine:
-        key = (n_par, k, k > 0)
+    def engine(self, n_par: int, k: int | str) -> SpeculativeEngine:
+        key = (n_par, k)
         if key not in self.engines:
+            mtp = k == "auto" or int(k) > 0
             self.engines[key] = SpeculativeEngine(
-                self.model, max_sequences=n_par, n_ctx=self.n_ctx, draft_max=max(k, 1) if k > 0 else 0, mtp=k > 0,
-                sampling=GREEDY, params=lm.ContextParams(n_threads=self.threads))
+                self.model, max_sequences=n_par, n_ctx=self.n_ctx, draft_max=k if mtp else 0,  # type: ignore[arg-type]
+                draft_cap=4 if k == "auto" else None, mtp=mtp, sampling=GREEDY,
+                params=lm.ContextParams(n_threads=self.threads))
         return self.engines[key]
 
-    def run(self, prompt: str, n: int, k: int, n_par: int = 1) -> tuple[float, float, list[str], dict[str, float]]:
+    def run(self, prompt: str, n: int, k: int | str, n_par: int = 1) -> tuple[float, float, list[str], dict[str, float]]:
         eng = self.engine(n_par, k)
         before = eng.stats.as_dict()
         toks = self.model.tokenize(prompt)
@@ -282,6 +298,7 @@ def main() -> None:
                                            "n_ctx": args.n_ctx, "draft_lengths": ks, "cmake": upstream.cmake_flags()},
                               "plain": {}, "mtp": {}, "parallel": {}}
     prompt = models.PROMPT
+    md = ""
     for level in levels:
         path, spec, predicted = models.bench_model(level)
         tag = f"{int(round(level * 100))}"
@@ -291,6 +308,8 @@ def main() -> None:
         cells: dict[str, Cell] = {"plain": Cell(), **{f"k{k}": Cell() for k in ks}}
         try:
             ours.run(prompt, 16, 0)
+            ours.run(prompt, 16, "auto")
+            auto_runs: list[float] = []
             for k in ks:
                 ours.run(prompt, 16, k)  # warm-up: graphs allocated, pages resident
             for r in range(args.repeat):
@@ -311,6 +330,14 @@ def main() -> None:
                     print(f"  [{r + 1}/{args.repeat}] {name:5} ours {mine:6.1f}  upstream {theirs:6.1f} tok/s"
                           + (f"  acceptance {cell.ours_acc:.3f} / {cell.theirs_acc:.3f}" if k else "")
                           + ("" if same else "  OUTPUT DIFFERS"), flush=True)
+                auto, acc, texts, _ = ours.run(prompt, args.tokens, "auto")
+                auto_runs.append(auto)
+                print(f"  [{r + 1}/{args.repeat}] auto  ours {auto:6.1f} tok/s  acceptance {acc:.3f}", flush=True)
+            best_up = max(cells[f"k{k}"].theirs and statistics.median(cells[f"k{k}"].theirs) for k in ks)
+            report.setdefault("auto", {})[tag] = {
+                "ours_tok_s": round(statistics.median(auto_runs), 2), "ours_runs": [round(x, 2) for x in auto_runs],
+                "upstream_best_fixed_tok_s": round(best_up, 2),
+                "ratio_to_upstream_best": round(statistics.median(auto_runs) / best_up, 4)}
             report["plain"][tag] = cells.pop("plain").as_dict()
             report["mtp"][tag] = {name: c.as_dict() for name, c in cells.items()}
             if level == 0.75 or (level == levels[len(levels) // 2]):
@@ -318,18 +345,22 @@ def main() -> None:
         finally:
             ours.close()
             model.close()
-    report["wall_s"] = round(time.time() - t_start, 1)
-    out = Path(args.out)
+        report["wall_s"] = round(time.time() - t_start, 1)
+        md = write_report(report, Path(args.out))  # after every level: a long run keeps what it measured
+    try:
+        plot(report, Path(args.out) / "compare_upstream.png")
+    except ImportError:
+        print("(matplotlib not installed: no plot)")
+    print("\n" + md)
+    print(f"wrote {args.out}/compare_upstream.{{json,md,png}} in {report['wall_s']:.0f} s")
+
+
+def write_report(report: dict[str, Any], out: Path) -> str:
     out.mkdir(parents=True, exist_ok=True)
     (out / "compare_upstream.json").write_text(json.dumps(report, indent=2))
     md = markdown(report)
     (out / "compare_upstream.md").write_text(md)
-    try:
-        plot(report, out / "compare_upstream.png")
-    except ImportError:
-        print("(matplotlib not installed: no plot)")
-    print("\n" + md)
-    print(f"wrote {out}/compare_upstream.{{json,md,png}} in {report['wall_s']:.0f} s")
+    return md
 
 
 def run_parallel(bins: dict[str, Path], path: Path, ours: Ours, prompt: str, pars: list[int],
@@ -350,8 +381,10 @@ def run_parallel(bins: dict[str, Path], path: Path, ours: Ours, prompt: str, par
                 cell.ours_acc, cell.theirs_acc, cell.split = round(acc, 4), round(acc_up, 4), split
                 same = all(_same(a, b, 20) for a, b in zip(texts, texts_up))
                 cell.same_output = same if cell.same_output is None else (cell.same_output and same)
-                print(f"  [{r + 1}/{args.repeat}] parallel {n_par}: ours {mine:6.1f}  llama-server {theirs:6.1f} "
-                      f"tok/s (aggregate)  acceptance {acc:.3f} / {acc_up:.3f}", flush=True)
+                auto, _, _, _ = ours.run(prompt, n, "auto", n_par)
+                cell.split["ours_auto_tok_s"] = cell.split.get("ours_auto_tok_s", 0.0) + auto / args.repeat
+                print(f"  [{r + 1}/{args.repeat}] parallel {n_par}: ours {mine:6.1f} (auto {auto:6.1f})  llama-server "
+                      f"{theirs:6.1f} tok/s (aggregate)  acceptance {acc:.3f} / {acc_up:.3f}", flush=True)
         out[str(n_par)] = cell.as_dict()
     return out
 
@@ -373,12 +406,22 @@ def markdown(r: dict[str, Any]) -> str:
                        + ("" if c["same_output"] else ", output differs") + ")")
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "MTP cells: ours / `llama-speculative-simple --spec-type draft-mtp` tok/s (acceptance ours/upstream).", ""]
+    if r.get("auto"):
+        lines += ["Adaptive draft length (`draft_max='auto'`, one sequence) vs llama.cpp's best fixed k "
+                  "(chosen after the fact):", "",
+                  "| acceptance | ours, auto | llama.cpp, best fixed k | ratio |", "|---|---|---|---|"]
+        for tag, a in r["auto"].items():
+            lines.append(f"| ~{tag}% | {a['ours_tok_s']:.1f} | {a['upstream_best_fixed_tok_s']:.1f} | "
+                         f"**{a['ratio_to_upstream_best']:.3f}x** |")
+        lines.append("")
     if r["parallel"]:
-        lines += ["| acceptance | parallel | ours generate_many | llama-server -np N | ratio |", "|---|---|---|---|---|"]
+        lines += ["| acceptance | parallel | ours, k=3 | ours, auto | llama-server -np N, k=3 | ratio k=3 | ratio auto |",
+                  "|---|---|---|---|---|---|---|"]
         for tag, cells in r["parallel"].items():
             for n_par, c in cells.items():
-                lines.append(f"| ~{tag}% | {n_par} | {c['ours_tok_s']:.1f} tok/s | {c['upstream_tok_s']:.1f} tok/s | "
-                             f"**{c['ratio']:.3f}x** |")
+                auto = c["time_split"].get("ours_auto_tok_s", 0.0)
+                lines.append(f"| ~{tag}% | {n_par} | {c['ours_tok_s']:.1f} | {auto:.1f} | {c['upstream_tok_s']:.1f} | "
+                             f"**{c['ratio']:.3f}x** | **{auto / c['upstream_tok_s']:.3f}x** |")
         lines.append("")
     # time split of our step, from the k=3 cells
     lines += ["Our step, time split at k=3 (seconds over one generation):", ""]

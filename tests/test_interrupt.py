@@ -91,16 +91,22 @@ SCRIPT = textwrap.dedent(
 ).format(N=N)
 
 
+def _run_script(source: str, model: Path, tmp_path: Path, timeout: float) -> str:
+    """Run ``source`` in a fresh interpreter (it sends itself SIGINT); return its stdout."""
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    out = subprocess.run([sys.executable, str(script), str(model)], capture_output=True, text=True, timeout=timeout,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT abort hook is POSIX-only")
 def test_ctrl_c_during_decode(slow_model: Path, tmp_path: Path) -> None:
-    script = tmp_path / "ctrl_c.py"
-    script.write_text(SCRIPT)
-    out = subprocess.run([sys.executable, str(script), str(slow_model)], capture_output=True, text=True, timeout=120,
-                         cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-2000:]
-    lines = out.stdout.split("\n")
+    stdout = _run_script(SCRIPT, slow_model, tmp_path, timeout=120)
+    lines = stdout.split("\n")
     head = lines[0].split()
-    assert head[0] == "interrupted", out.stdout
+    assert head[0] == "interrupted", stdout
     assert float(head[1]) < 0.9  # the decode stopped early, not after finishing
     assert head[2] == "-1"  # the interrupted sequence was cleanly removed
     assert lines[1] == "recovered 2"
@@ -158,12 +164,8 @@ ENGINE_SCRIPT = textwrap.dedent(
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT abort hook is POSIX-only")
 def test_ctrl_c_during_engine_prefill_and_steps(slow_f32: Path, tmp_path: Path) -> None:
-    script = tmp_path / "engine_ctrl_c.py"
-    script.write_text(ENGINE_SCRIPT)
-    out = subprocess.run([sys.executable, str(script), str(slow_f32)], capture_output=True, text=True, timeout=300,
-                         cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-3000:]
-    lines = out.stdout.splitlines()
-    assert lines[0] == "prefill interrupted 4 -1", out.stdout
-    assert lines[1].startswith("steps interrupted") and lines[1].endswith("intact True"), out.stdout
-    assert int(lines[1].split()[2]) >= 3, out.stdout
+    stdout = _run_script(ENGINE_SCRIPT, slow_f32, tmp_path, timeout=300)
+    lines = stdout.splitlines()
+    assert lines[0] == "prefill interrupted 4 -1", stdout
+    assert lines[1].startswith("steps interrupted") and lines[1].endswith("intact True"), stdout
+    assert int(lines[1].split()[2]) >= 3, stdout

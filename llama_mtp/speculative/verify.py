@@ -10,7 +10,7 @@ All functions take the target's logits for the verify rows ``[id_last, d_0 .. d_
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -31,22 +31,24 @@ def verify_greedy(rows: Rows, drafts: Sequence[int], sampler: Sampler, history: 
         while n < k and int(best[n]) == drafts[n]:
             n += 1
         return n, int(best[n])
-    n = 0
-    while True:
-        t = sampler.argmax(rows[n], history + list(drafts[:n]))
-        if n < k and t == drafts[n]:
-            n += 1
-            continue
-        return n, t
+    return _accept_while_equal(sampler.argmax, rows, drafts, history)
 
 
 def verify_match(rows: Rows, drafts: Sequence[int], sampler: Sampler, history: list[int]) -> tuple[int, int]:
     """Sample-and-match: sample the target at each row, accept while the sample equals
     the draft. One draw per emitted token, exactly as plain sampling makes."""
+    return _accept_while_equal(sampler.sample, rows, drafts, history)
+
+
+def _accept_while_equal(pick: Callable[[npt.NDArray[np.float32], list[int]], int], rows: Rows,
+                        drafts: Sequence[int], history: list[int]) -> tuple[int, int]:
+    """Pick a token at each row (seeing the accepted drafts as history); accept the
+    draft while the pick equals it; the first pick that differs (or the pick after
+    the last draft) is the next token."""
     k = len(drafts)
     n = 0
     while True:
-        t = sampler.sample(rows[n], history + list(drafts[:n]))
+        t = pick(rows[n], history + list(drafts[:n]))
         if n < k and t == drafts[n]:
             n += 1
             continue

@@ -60,6 +60,22 @@ def bench_model(acceptance: float, draft_max: int = 3, **kw: object) -> tuple[Pa
     return path, spec, acceptance if memo.exists() else predicted_acceptance(spec, draft_max)
 
 
+def blind_model(name: str, blind: tuple[int, int], **kw: object) -> tuple[Path, TinySpec, float]:
+    """A benchmark model whose MTP head mispredicts the sentence pieces ``blind``
+    (``[a, b)``): acceptance ~1 outside them, 0 inside -- ``(0, 401)`` is a 0%
+    model, a range inside the generated span one whose acceptance changes
+    mid-generation."""
+    spec = TinySpec(**{**asdict(base_spec(**kw)), "mtp_blind": blind})
+    key = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:12]
+    path = CACHE / f"bench-{name}-{key}.gguf"
+    if not path.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".part")
+        write_tiny_model(tmp, spec)
+        os.replace(tmp, path)
+    return path, spec, predicted_acceptance(spec, 3)
+
+
 if __name__ == "__main__":
     import time
 

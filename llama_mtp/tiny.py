@@ -64,6 +64,7 @@ class TinySpec:
     mtp_only: bool = False             # an MTP sidecar: embeddings, output and the MTP layer only
     weights: Literal["random", "planted"] = "planted"
     mtp_noise: float = 0.0             # planted: noise on the MTP head's output matrix
+    mtp_blind: tuple[int, int] = (0, 0)  # planted: sentence pieces [a, b) the MTP head mispredicts
     trunk_scale: float = 0.0           # planted: scale of the trunk's residual branches
     logit_scale: float = 12.0          # planted: logit of the planted next token (others ~0)
     vocab: Literal["spm", "test"] = "spm"
@@ -80,6 +81,9 @@ class TinySpec:
             raise ValueError("an spm vocabulary needs n_vocab >= 267 (specials + 256 byte tokens + a few pieces)")
         if self.weights not in ("random", "planted"):
             raise ValueError(f"weights must be 'random' or 'planted', got {self.weights!r}")
+        a, b = self.mtp_blind
+        if (a, b) != (0, 0) and not 0 <= a < b - 1:
+            raise ValueError(f"mtp_blind must be (0, 0) or a piece range [a, b) with b - a >= 2, got {self.mtp_blind!r}")
 
     @property
     def n_layer_all(self) -> int:
@@ -138,21 +142,24 @@ def _spm_words(text: str) -> list[str]:
     return out
 
 
-def planted_next_token(spec: TinySpec, tokens: list[str]) -> npt.NDArray[np.int64]:
-    """next_token[x]: the sentence's pieces form a cycle; every other token leads to its start."""
-    index = {t: i for i, t in enumerate(tokens)}
-    cycle: list[int] = []
+def _sentence_cycle(spec: TinySpec, tokens: list[str]) -> list[int]:
+    """Token ids of the planted sentence, in order (the cycle next_token walks)."""
     if spec.vocab == "spm":
+        index = {t: i for i, t in enumerate(tokens)}
         words = _spm_words(spec.text)
         missing = [w for w in words if w not in index]
         if missing or len(set(words)) != len(words) or len(words) < 2:
             raise ValueError("the planted text needs at least two pieces, each used once and all in the "
                              f"vocabulary (raise n_vocab); missing: {missing[:5]}")
-        cycle = [index[w] for w in words]
-    else:
-        rng = np.random.default_rng(spec.seed + 7)
-        start = len(_SPECIALS)
-        cycle = [int(t) for t in rng.permutation(np.arange(start, spec.n_vocab))[: max(2, min(24, spec.n_vocab - start))]]
+        return [index[w] for w in words]
+    rng = np.random.default_rng(spec.seed + 7)
+    start = len(_SPECIALS)
+    return [int(t) for t in rng.permutation(np.arange(start, spec.n_vocab))[: max(2, min(24, spec.n_vocab - start))]]
+
+
+def planted_next_token(spec: TinySpec, tokens: list[str]) -> npt.NDArray[np.int64]:
+    """next_token[x]: the sentence's pieces form a cycle; every other token leads to its start."""
+    cycle = _sentence_cycle(spec, tokens)
     nxt = np.full(spec.n_vocab, cycle[0], dtype=np.int64)
     for a, b in zip(cycle, cycle[1:] + cycle[:1]):
         nxt[a] = b
@@ -192,6 +199,28 @@ def _mtp_noise(spec: TinySpec) -> npt.NDArray[np.float64]:
     return rng.standard_normal((spec.n_vocab, spec.n_embd)) * (spec.mtp_noise * spec.logit_scale / math.sqrt(spec.n_embd))
 
 
+def _mtp_head(spec: TinySpec, head: npt.NDArray[np.float64],
+              tokens: list[str]) -> npt.NDArray[np.float64] | None:
+    """The MTP head's own output matrix of a planted model, or None when it is the LM head.
+
+    ``mtp_noise`` adds noise to every row; ``mtp_blind = (a, b)`` rotates the rows of
+    the sentence's pieces ``a..b-1`` among themselves, so where the next token is one
+    of them the MTP head always drafts a wrong one (acceptance 0 there, unchanged
+    elsewhere) -- a model whose acceptance changes mid-generation.
+    """
+    a, b = spec.mtp_blind
+    if spec.mtp_noise <= 0 and (a, b) == (0, 0):
+        return None
+    w = head + _mtp_noise(spec) if spec.mtp_noise > 0 else head.copy()
+    if (a, b) != (0, 0):
+        cycle = _sentence_cycle(spec, tokens)
+        if b > len(cycle):
+            raise ValueError(f"mtp_blind {spec.mtp_blind!r} is past the planted sentence ({len(cycle)} pieces)")
+        ids = np.array(cycle[a:b])
+        w[ids] = w[np.roll(ids, 1)]
+    return w
+
+
 def predicted_acceptance(spec: TinySpec, draft_max: int, steps: int = 2000) -> float:
     """Greedy MTP acceptance of a planted model with a silent trunk, computed in numpy.
 
@@ -210,7 +239,8 @@ def predicted_acceptance(spec: TinySpec, draft_max: int, steps: int = 2000) -> f
     mtp = np.full(spec.n_vocab, -1)
     ids = np.array(cycle)
     target[ids] = np.argmax(x[ids] @ head.T, axis=1)
-    mtp_w = head + (_mtp_noise(spec) if spec.mtp_noise > 0 else 0.0)
+    mtp_head = _mtp_head(spec, head, tokens)
+    mtp_w = head if mtp_head is None else mtp_head
     mtp[ids] = np.argmax(x[ids] @ mtp_w.T, axis=1)
     cur, drafted, accepted = ids[0], 0, 0
     for _ in range(steps):
@@ -335,8 +365,9 @@ def write_tiny_model(path: str | os.PathLike[str], spec: TinySpec | None = None,
         tensors[f"blk.{n}.nextn.eh_proj.weight"] = eh
         tensors[f"blk.{n}.nextn.enorm.weight"] = ones(E)
         tensors[f"blk.{n}.nextn.hnorm.weight"] = ones(E)
-        if planted and spec.mtp_noise > 0:
-            tensors[f"blk.{n}.nextn.shared_head_head.weight"] = head + _mtp_noise(spec)
+        mtp_head = _mtp_head(spec, head, tokens) if planted else None
+        if mtp_head is not None:
+            tensors[f"blk.{n}.nextn.shared_head_head.weight"] = mtp_head
 
     dtype = np.float16 if spec.dtype == "f16" else np.float32
     w = gguf.GGUFWriter(str(path), ARCH)

@@ -14,6 +14,7 @@ MODELS = {
     "planted": {},                                   # ~100% MTP acceptance
     "random": {"weights": "random"},                 # ~0% acceptance: every draft rolled back
     "noisy": {"mtp_noise": 0.3},                     # partial acceptance
+    "shift": {"mtp_blind": (8, 20)},                 # acceptance ~1, then 0, then ~1 again, cycling
     "trunk": {"trunk_scale": 1.0},                   # history matters (recurrent state + attention)
     "nomtp": {"mtp": False},                         # a qwen35 without MTP layers
 }

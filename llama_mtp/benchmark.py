@@ -59,7 +59,7 @@ class BenchRow:
 
 
 def _measure(model: Model, cfg: BenchConfig, prompts: list[list[int]], n_tokens: int, temperature: float,
-             n_ctx: int, params: ContextParams, seed: int, auto_cap: int = 4) -> tuple[float, int, SpecStats, float]:
+             n_ctx: int, params: ContextParams, seed: int, auto_cap: int | None = None) -> tuple[float, int, SpecStats, float]:
     spec = SpecParams(draft_max=cfg.draft_max if cfg.mtp else 0, verify=cfg.verify)  # type: ignore[arg-type]
     auto = cfg.draft_max == "auto"
     with SpeculativeEngine(model, max_sequences=cfg.parallel, n_ctx=n_ctx,
@@ -109,7 +109,7 @@ def run_bench(
         for cfg in configs:
             prompts = [base_prompt] * cfg.parallel
             got = _measure(model, cfg, prompts, n_tokens, temperature, n_ctx, params, seed=1000 * r,
-                           auto_cap=max([k for k in draft_maxes if isinstance(k, int)], default=4))
+                           auto_cap=max([k for k in draft_maxes if isinstance(k, int)], default=None))
             if r > 0:
                 results[cfg].append(got)
             done += 1

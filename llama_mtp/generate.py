@@ -79,7 +79,8 @@ class LLM:
 
     ``model_path=None`` uses the built-in demo model (written on first use).
     ``draft_max="auto"`` (the default) chooses each sequence's draft length per step,
-    0 to ``draft_cap``, from measured costs and running acceptance; an integer fixes it.
+    0 to ``draft_cap`` (default 6, ``AUTO_DRAFT_CAP``), from measured costs and running
+    acceptance; an integer fixes it.
     ``parallel`` is how many sequences one engine runs at once (``generate_many``).
     ``n_ctx`` is the context of each sequence.
     """
@@ -90,7 +91,7 @@ class LLM:
         *,
         mtp: bool = True,
         draft_max: int | Literal["auto"] = "auto",
-        draft_cap: int = 4,
+        draft_cap: int | None = None,
         n_ctx: int = 4096,
         parallel: int = 4,
         n_gpu_layers: int | None = None,

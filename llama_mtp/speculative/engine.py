@@ -48,9 +48,14 @@ from .verify import verify_greedy, verify_match, verify_rejection
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["ContextLengthError", "SequenceState", "SpeculativeEngine", "StepEvent"]
+__all__ = ["AUTO_DRAFT_CAP", "ContextLengthError", "SequenceState", "SpeculativeEngine", "StepEvent"]
 
 FinishReason = Literal["stop", "length", "removed"]
+
+#: The longest draft ``draft_max="auto"`` may choose unless ``draft_cap`` says otherwise.
+#: It also sizes the recurrent-state snapshots (``n_rs_seq``) of every sequence, so a
+#: larger cap costs memory: one extra copy of the recurrent state per draft position.
+AUTO_DRAFT_CAP = 6
 
 
 class ContextLengthError(LlamaError, ValueError):
@@ -138,7 +143,8 @@ class SpeculativeEngine:
 
     ``n_ctx`` is the context of *each* sequence. ``draft_max`` bounds every
     sequence's draft length (and sizes the recurrent-state snapshots that make
-    rollback cheap). ``mtp=False`` runs plain decoding (or n-gram drafting only)
+    rollback cheap); with ``draft_max="auto"`` each sequence's length is chosen per
+    step in 0 .. ``draft_cap`` (default :data:`AUTO_DRAFT_CAP`). ``mtp=False`` runs plain decoding (or n-gram drafting only)
     on models without an MTP head. ``rollback="checkpoint"`` forces the
     checkpoint + replay path even where snapshots would do (for tests and
     benchmarks).
@@ -167,7 +173,7 @@ class SpeculativeEngine:
         if draft_max != "auto" and (isinstance(draft_max, bool) or not isinstance(draft_max, int)
                                     or not 0 <= draft_max <= 64):
             raise ValueError(f"draft_max must be 'auto' or an integer in 0..64, got {draft_max!r}")
-        cap = draft_cap if draft_cap is not None else (draft_max if isinstance(draft_max, int) else 4)
+        cap = draft_cap if draft_cap is not None else (draft_max if isinstance(draft_max, int) else AUTO_DRAFT_CAP)
         if isinstance(cap, bool) or not isinstance(cap, int) or not 0 <= cap <= 64:
             raise ValueError(f"draft_cap must be an integer in 0..64, got {cap!r}")
         if rollback not in ("auto", "checkpoint"):

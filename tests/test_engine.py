@@ -273,3 +273,27 @@ def test_sample_and_match_follows_the_target_distribution(soft_model: lm.Model) 
     for key in (lambda t: t[0], lambda t: t[:2]):
         _, dof, p = chi2_two_sample(Counter(map(key, on)), Counter(map(key, off)))
         assert dof >= 2 and p > 0.01, (dof, p)
+
+
+def test_auto_adapts_to_the_model(model_path) -> None:
+    """draft_max='auto' on real decodes: all but stops drafting (and later sequences start
+    that way) where nothing is accepted; drafts long where everything is."""
+    from llama_mtp.speculative.engine import AUTO_DRAFT_CAP
+
+    with SpeculativeEngine(_models(str(model_path("random"))), n_ctx=256, sampling=GREEDY) as eng:
+        assert eng.draft_max == AUTO_DRAFT_CAP and eng.target.n_rs_seq == AUTO_DRAFT_CAP
+        hists = []
+        for _ in range(2):
+            i = eng.add(PROMPTS[0], max_tokens=120, ignore_eos=True)
+            while eng.active:
+                eng.step()
+            hists.append(eng.sequence(i).stats.draft_length_hist)
+        first, second = hists
+        assert first.get(0, 0) >= 0.8 * sum(first.values()), first
+        assert sum(v for k, v in second.items() if k > 0) <= 4, second  # a few probes, no relearning
+    with SpeculativeEngine(_models(str(model_path("planted"))), n_ctx=256, sampling=GREEDY) as eng:
+        i = eng.add(PROMPTS[0], max_tokens=80, ignore_eos=True)
+        while eng.active:
+            eng.step()
+        st = eng.sequence(i).stats
+        assert st.acceptance_rate == 1.0 and st.draft_n / st.num_drafts >= 4, st.draft_length_hist

@@ -108,3 +108,35 @@ def test_piecewise_cost() -> None:
     assert c(16) == pytest.approx(0.08)  # extrapolated from the last segment
     c.observe(4, 0.045)
     assert 0.035 < c(4) < 0.045
+
+
+def test_probes_back_off_while_they_fail() -> None:
+    p = compute_bound()
+    a = Acceptance(6)
+    waits = []
+    for _ in range(6):
+        waits.append(p.probe_wait(a))
+        a.observe(1, 0)
+    assert waits == sorted(waits) and waits[0] == p.probe_gap and waits[-1] == p.probe_every
+    for _ in range(40):
+        a.tick()
+    assert p.choose({0: (6, a, None, waits[-1] - 1)})[0] == 0  # not yet
+    assert p.choose({0: (6, a, None, waits[-1])})[0] == 1      # now a probe
+    a.observe(1, 1)  # it lands: the next probe may come soon again
+    assert a.fails == 0 and p.probe_wait(a) == p.probe_gap
+
+
+def test_a_new_sequence_inherits_recent_acceptance() -> None:
+    pool = Acceptance(6)
+    for _ in range(100):
+        pool.tick()
+        pool.observe(3, 0)
+    fresh = Acceptance(6)
+    assert fresh.alpha(0) == pytest.approx(0.7)  # the prior
+    fresh.inherit(pool)
+    assert fresh.alpha(0) < 0.25 and fresh.fails == pool.fails
+    assert max(fresh.tries) <= 8.0 + 1e-9  # scaled down: it still adapts within a few steps
+    for _ in range(12):
+        fresh.tick()
+        fresh.observe(6, 6)
+    assert fresh.alpha(0) > 0.6

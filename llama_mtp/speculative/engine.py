@@ -185,6 +185,7 @@ class SpeculativeEngine:
         draft_max = cap  # from here on: the longest draft any sequence may verify
         self.draft_max = draft_max
         self.policy = DraftPolicy(draft_max)
+        self._acc_pool = Acceptance(max(1, draft_max))  # every sequence's MTP verifies: new sequences' prior
         self.rollback = rollback
         self.max_sequences = max_sequences
         base = params or ContextParams()
@@ -342,8 +343,13 @@ class SpeculativeEngine:
             sampling=sampling, spec=spec, sampler=sampler,
             draft_sampler=sampler.spawn(1), accept_sampler=sampler.spawn(2),
             max_tokens=max_tokens, stop=stops, stop_tokens=stop_ids, ignore_eos=bool(ignore_eos),
-            history=list(toks), acc=Acceptance(max(1, self.draft_max)),
+            history=list(toks), acc=self._new_acceptance(),
         )
+
+    def _new_acceptance(self) -> Acceptance:
+        acc = Acceptance(max(1, self.draft_max))
+        acc.inherit(self._acc_pool)
+        return acc
 
     def _prefill(self, seqs: list[_Seq], sample_first: bool) -> None:
         """Decode each sequence's history[:pos] into both contexts, packed into
@@ -569,6 +575,7 @@ class SpeculativeEngine:
                 if d:
                     ngram_d[q.seq] = d
         cands: dict[int, tuple[int, Acceptance, int | None, int]] = {}
+        self._acc_pool.tick()
         for q in runnable:
             assert q.acc is not None
             q.acc.tick()
@@ -663,6 +670,7 @@ class SpeculativeEngine:
             q.state.stats.record(source[q.seq], k, n_acc, mode if k else None)
             if source[q.seq] == "mtp" and q.acc is not None:
                 q.acc.observe(k, n_acc)
+                self._acc_pool.observe(k, n_acc)
             q.idle = 0 if k else q.idle + 1
             sl = spans[q.seq]
             accepted = [q.id_last, *d[:n_acc]]

@@ -17,8 +17,11 @@ With drafts ``k_s`` per sequence, one step emits ``sum_s E_s(k_s)`` tokens, wher
 sequences still drafting). The policy grows draft lengths greedily, one token at
 a time, while that raises tokens per second -- so it picks 0 when drafting cannot
 pay, and the longest useful draft when acceptance is near 1. A sequence that stops
-drafting is probed with a 1-token draft now and then, so it can come back when
-its text becomes predictable again.
+drafting is probed with a 1-token draft now and then (after ``probe_gap`` steps,
+doubled for each failed draft in a row, up to ``probe_every``: a failed probe
+costs most of a plain step), so it can come back when its
+text becomes predictable again. A new sequence starts from the acceptance the
+engine has seen lately (:meth:`Acceptance.inherit`), not from the prior.
 """
 
 from __future__ import annotations
@@ -193,6 +196,7 @@ class Acceptance:
         self.bonus = bonus
         self.hits = [0.0] * max(1, n_max)
         self.tries = [0.0] * max(1, n_max)
+        self.fails = 0  # drafts in a row with nothing accepted (spaces out the probes)
 
     def alpha(self, i: int) -> float:
         """The running estimate of P(draft position i accepted | earlier ones were).
@@ -209,6 +213,18 @@ class Acceptance:
         j = min(i, len(self.hits) - 1)
         return min(1.0, self.alpha(j) + self.bonus / math.sqrt(self.tries[j] + 1.0))
 
+    def inherit(self, other: Acceptance, weight: float = 8.0) -> None:
+        """Start from ``other``'s evidence, scaled to at most ``weight`` tries per position:
+        a new sequence on the same engine (same model, same kind of text, often) begins
+        where the last ones ended instead of at the prior, and still adapts within a
+        few steps."""
+        n = min(len(self.hits), len(other.hits))
+        scale = min(1.0, weight / max(max(other.tries[:n], default=0.0), 1e-12))
+        for i in range(n):
+            self.hits[i] = other.hits[i] * scale
+            self.tries[i] = other.tries[i] * scale
+        self.fails = other.fails
+
     def tick(self) -> None:
         """One engine step passed: older evidence weighs less."""
         d = self.decay
@@ -218,6 +234,8 @@ class Acceptance:
 
     def observe(self, drafted: int, accepted: int) -> None:
         """One verify: ``drafted`` positions proposed, the first ``accepted`` taken."""
+        if drafted > 0:
+            self.fails = 0 if accepted > 0 else self.fails + 1
         for i in range(min(drafted, len(self.hits))):
             if i > accepted:
                 break  # position i was never tested: an earlier one was rejected
@@ -238,8 +256,9 @@ class Acceptance:
 class DraftPolicy:
     """Chooses draft lengths for the sequences of one step."""
 
-    def __init__(self, k_max: int, probe_every: int = 64, hysteresis: float = 0.01) -> None:
+    def __init__(self, k_max: int, probe_every: int = 64, probe_gap: int = 8, hysteresis: float = 0.01) -> None:
         self.k_max = k_max
+        self.probe_gap = probe_gap  # the shortest wait before probing a sequence that stopped drafting
         self.costs = CostModel()
         self.hysteresis = hysteresis
         self._last: dict[int, int] = {}
@@ -271,17 +290,24 @@ class DraftPolicy:
         prev = [min(self._last.get(s, -1), caps[i]) if fixed[i] is None else ks[i] for i, s in enumerate(seqs)]
         if all(k >= 0 for k in prev) and self._rate(prev, tables) * (1.0 + self.hysteresis) >= best:
             ks = prev
-        if auto and any(ks[i] == 0 and caps[i] > 0 for i in auto):
+        if auto and any(ks[i] == 0 and caps[i] > 0 and cands[seqs[i]][3] >= self.probe_wait(cands[seqs[i]][1])
+                        for i in auto):
             opt_tables = [[cands[s][1].expected_tokens(k, optimistic=True) for k in range(c + 1)]
                           for s, c in zip(seqs, caps)]
             opt, _ = self._search(caps, fixed, auto, opt_tables)
             for i in auto:
-                if ks[i] == 0 and caps[i] > 0 and (opt[i] > 0 or cands[seqs[i]][3] >= self.probe_every):
+                idle, acc = cands[seqs[i]][3], cands[seqs[i]][1]
+                if ks[i] == 0 and caps[i] > 0 and idle >= self.probe_wait(acc) and (opt[i] > 0 or idle >= self.probe_every):
                     ks[i] = 1
         self.estimated_tok_s = self._rate(ks, tables)
         out = dict(zip(seqs, ks))
         self._last = {s: k for s, k in out.items() if fixed[seqs.index(s)] is None}
         return out
+
+    def probe_wait(self, acc: Acceptance) -> int:
+        """Steps to wait before probing: ``probe_gap``, doubled for every failed draft in a
+        row, up to ``probe_every`` -- on text the drafter never gets right, probes cost ~1%."""
+        return min(self.probe_every, self.probe_gap * 2 ** max(0, min(acc.fails - 1, 8)))
 
     def _rate(self, ks: list[int], tables: list[list[float]]) -> float:
         return sum(t[k] for t, k in zip(tables, ks)) / self.costs.step_seconds(ks)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -31,12 +30,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import models  # noqa: E402
+from compare_upstream import RESULTS, add_common_args, draft_lengths, machine  # noqa: E402
 
 import llama_mtp as lm  # noqa: E402
 from llama_mtp.speculative import SpeculativeEngine  # noqa: E402
 from llama_mtp.speculative.stats import SpecStats  # noqa: E402
 
-RESULTS = HERE / "results"
 GREEDY = lm.SamplingParams(temperature=0.0)
 PROMPTS = ("word0 word1 word2 word3", "word130 word131 word132", "word260 word261 word262")
 # the shift model's blind span is pieces 40..89: windows that cross it, and one that starts inside it
@@ -153,19 +152,12 @@ def main() -> None:
     ap.add_argument("--levels", default="0,50,75,97,shift")
     ap.add_argument("--draft", default="1-6", help="fixed draft lengths to compare, e.g. 1-6 or 1,3")
     ap.add_argument("--parallel", default="1,4")
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("-n", "--tokens", type=int, default=96)
-    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--n-ctx", type=int, default=1024)
-    ap.add_argument("--out", default=str(RESULTS))
+    add_common_args(ap, tokens=96)
     args = ap.parse_args()
     if args.quick:
         args.repeat, args.tokens = 1, min(args.tokens, 48)
-    ks = sorted({int(x) for part in args.draft.split(",") for x in
-                 (range(int(part.split("-")[0]), int(part.split("-")[1]) + 1) if "-" in part else [part])})
+    ks = draft_lengths(args.draft)
     pars = [int(x) for x in args.parallel.split(",")]
-    sys.path.insert(0, str(HERE))
-    from compare_upstream import machine
 
     t0 = time.time()
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(),

@@ -268,6 +268,24 @@ def machine() -> dict[str, Any]:
             "platform": platform.platform(), "llama_mtp": lm.__version__}
 
 
+def add_common_args(ap: argparse.ArgumentParser, tokens: int) -> None:
+    """The options every benchmark script here shares."""
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("-n", "--tokens", type=int, default=tokens)
+    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--n-ctx", type=int, default=1024)
+    ap.add_argument("--out", default=str(RESULTS))
+
+
+def draft_lengths(text: str) -> list[int]:
+    """``"1-6"`` / ``"1,3,5"`` / ``"1-3,6"`` -> sorted draft lengths."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return sorted(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="k in {1,3,6}, 2 repeats, 64 tokens")
@@ -275,17 +293,12 @@ def main() -> None:
     ap.add_argument("--levels", default="50,75,97", help="acceptance levels in percent")
     ap.add_argument("--parallel", default="4,8", help="parallel counts for the server comparison")
     ap.add_argument("--parallel-k", type=int, default=3, help="draft length of the parallel comparison")
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("-n", "--tokens", type=int, default=128)
-    ap.add_argument("-t", "--threads", type=int, default=os.cpu_count() or 2)
-    ap.add_argument("--n-ctx", type=int, default=1024)
-    ap.add_argument("--out", default=str(RESULTS))
+    add_common_args(ap, tokens=128)
     args = ap.parse_args()
     if args.quick:
         args.draft = "1,3,6" if args.draft == "1-6" else args.draft
         args.repeat, args.tokens = min(args.repeat, 2), min(args.tokens, 64)
-    ks = sorted({int(x) for part in args.draft.split(",") for x in
-                 (range(int(part.split("-")[0]), int(part.split("-")[1]) + 1) if "-" in part else [part])})
+    ks = draft_lengths(args.draft)
     levels = [int(x) / 100 for x in args.levels.split(",")]
     pars = [int(x) for x in args.parallel.split(",") if x.strip()]
     t_start = time.time()

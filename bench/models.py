@@ -51,12 +51,7 @@ def bench_model(acceptance: float, draft_max: int = 3, **kw: object) -> tuple[Pa
         memo.write_text(json.dumps({"acceptance": acceptance, "draft_max": draft_max, "mtp_noise": noise}))
     spec = TinySpec(**{**asdict(spec), "mtp_noise": round(noise, 5)})
     key = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:12]
-    path = CACHE / f"bench-{int(round(acceptance * 100))}-{key}.gguf"
-    if not path.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".part")
-        write_tiny_model(tmp, spec)
-        os.replace(tmp, path)
+    path = _written(CACHE / f"bench-{int(round(acceptance * 100))}-{key}.gguf", spec)
     return path, spec, acceptance if memo.exists() else predicted_acceptance(spec, draft_max)
 
 
@@ -67,13 +62,18 @@ def blind_model(name: str, blind: tuple[int, int], **kw: object) -> tuple[Path, 
     mid-generation."""
     spec = TinySpec(**{**asdict(base_spec(**kw)), "mtp_blind": blind})
     key = hashlib.sha256(json.dumps(asdict(spec), sort_keys=True).encode()).hexdigest()[:12]
-    path = CACHE / f"bench-{name}-{key}.gguf"
+    path = _written(CACHE / f"bench-{name}-{key}.gguf", spec)
+    return path, spec, predicted_acceptance(spec, 3)
+
+
+def _written(path: Path, spec: TinySpec) -> Path:
+    """``path``, written from ``spec`` first unless it is cached (atomically: no half files)."""
     if not path.exists():
         CACHE.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".part")
         write_tiny_model(tmp, spec)
         os.replace(tmp, path)
-    return path, spec, predicted_acceptance(spec, 3)
+    return path
 
 
 if __name__ == "__main__":

@@ -280,8 +280,17 @@ def test_auto_adapts_to_the_model(model_path) -> None:
     that way) where nothing is accepted; drafts long where everything is."""
     from llama_mtp.speculative.engine import AUTO_DRAFT_CAP
 
+    def pin_costs(eng: SpeculativeEngine) -> None:
+        # a tiny model's decodes cost about the same for 1 or 7 rows, within timing noise:
+        # pin the costs of a small CPU (each row costs) so the test is about acceptance
+        c = eng.policy.costs
+        c.verify.calibrate(1, [(r, 0.010 + 0.004 * r) for r in range(1, 9)])
+        c.draft.calibrate([(1, 0.003)])
+        c.verify.observe = c.draft.observe = lambda *a: None  # type: ignore[method-assign]
+
     with SpeculativeEngine(_models(str(model_path("random"))), n_ctx=256, sampling=GREEDY) as eng:
         assert eng.draft_max == AUTO_DRAFT_CAP and eng.target.n_rs_seq == AUTO_DRAFT_CAP
+        pin_costs(eng)
         hists = []
         for _ in range(2):
             i = eng.add(PROMPTS[0], max_tokens=120, ignore_eos=True)
@@ -292,8 +301,41 @@ def test_auto_adapts_to_the_model(model_path) -> None:
         assert first.get(0, 0) >= 0.8 * sum(first.values()), first
         assert sum(v for k, v in second.items() if k > 0) <= 4, second  # a few probes, no relearning
     with SpeculativeEngine(_models(str(model_path("planted"))), n_ctx=256, sampling=GREEDY) as eng:
+        pin_costs(eng)
         i = eng.add(PROMPTS[0], max_tokens=80, ignore_eos=True)
         while eng.active:
             eng.step()
         st = eng.sequence(i).stats
         assert st.acceptance_rate == 1.0 and st.draft_n / st.num_drafts >= 4, st.draft_length_hist
+
+
+@pytest.mark.parametrize("name", ["planted", "random"])
+def test_shadow_evidence_of_idle_sequences(model_path, name: str) -> None:
+    """A sequence that is not drafting still gets acceptance evidence: the MTP head's
+    guesses on its catch-up rows, checked against what the target emitted."""
+    with SpeculativeEngine(_models(str(model_path(name))), n_ctx=256, sampling=GREEDY) as eng:
+        c = eng.policy.costs
+        c.draft.calibrate([(1, 1.0)])  # drafting never pays: the sequence stays idle
+        c.draft.observe = lambda *a: None  # type: ignore[method-assign]
+        seen: list[bool] = []
+        evidence = eng._shadow_evidence
+
+        def spy() -> None:
+            assert eng.drafter is not None
+            for seq, pos, guess in eng.drafter.shadow_predictions:
+                seen.append(guess == eng._seqs[seq].history[pos + 1])
+            evidence()
+
+        eng._shadow_evidence = spy  # type: ignore[method-assign]
+        i = eng.add(PROMPTS[0], max_tokens=120, ignore_eos=True)
+        q = eng._seqs[i]
+        while eng.active:
+            eng.step()
+            if q.state.finished:
+                break
+            alpha = q.acc.alpha(0) if q.acc is not None else None
+        assert len(seen) >= 4
+        if name == "planted":
+            assert all(seen) and alpha is not None and alpha > 0.75
+        else:
+            assert sum(seen) <= len(seen) // 4 and alpha is not None and alpha < 0.4

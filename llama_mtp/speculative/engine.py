@@ -56,6 +56,9 @@ FinishReason = Literal["stop", "length", "removed"]
 #: It also sizes the recurrent-state snapshots (``n_rs_seq``) of every sequence, so a
 #: larger cap costs memory: one extra copy of the recurrent state per draft position.
 AUTO_DRAFT_CAP = 6
+#: Catch-up rows per flush whose MTP predictions are read as acceptance evidence
+#: for sequences that are not drafting (see ``SpeculativeEngine._shadow_evidence``).
+SHADOW_ROWS = 2
 
 
 class ContextLengthError(LlamaError, ValueError):
@@ -709,9 +712,24 @@ class SpeculativeEngine:
             long = [q.seq for q in runnable if not q.state.finished and self.drafter.pending(q.seq) > 32]
             if long:
                 t0 = time.perf_counter()
-                self.drafter.flush(long)
+                self.drafter.flush(long, shadow=SHADOW_ROWS)
                 self.stats.catch_up_s += time.perf_counter() - t0
+                self._shadow_evidence()
         return events
+
+    def _shadow_evidence(self) -> None:
+        """What the MTP head guessed on the catch-up rows of sequences that were not
+        drafting, against what the target emitted: 1-token acceptance evidence for
+        free, so a sequence whose text turns predictable drafts again without waiting
+        for a probe (and one whose text stays unpredictable needs fewer probes)."""
+        assert self.drafter is not None
+        for seq, pos, guess in self.drafter.shadow_predictions:
+            q = self._seqs.get(seq)
+            if q is None or q.acc is None or q.idle == 0 or pos + 1 >= len(q.history):
+                continue  # drafting sequences have their own (better) evidence
+            hit = int(guess == q.history[pos + 1])
+            q.acc.observe(1, hit)
+            self._acc_pool.observe(1, hit)
 
     def _mode(self, q: _Seq) -> str:
         v = q.spec.verify

@@ -107,6 +107,7 @@ class MTPDrafter:
         self._zero = np.zeros(self.hidden_dim, dtype=np.float32)
         self.decodes = 0
         self.last_timings: list[tuple[int, float]] = []  # (rows, seconds): last draft()'s pure draft decodes
+        self.shadow_predictions: list[tuple[int, int, int]] = []  # last flush(shadow=...)'s guesses
 
     def close(self) -> None:
         self.ctx.close()
@@ -159,8 +160,9 @@ class MTPDrafter:
             q.hidden.append(np.array(hidden[i], dtype=np.float32))
         q.next_pos = max(q.next_pos, pos0 + len(tokens))
 
-    def _add_queued(self, seqs: list[int], room: int) -> list[tuple[int, int]]:
-        """Put queued rows of ``seqs`` into the batch (up to ``room``); returns what was taken."""
+    def _add_queued(self, seqs: list[int], room: int, shadow: int = 0) -> list[tuple[int, int]]:
+        """Put queued rows of ``seqs`` into the batch (up to ``room``); returns what was taken.
+        The last ``shadow`` rows of each sequence are outputs (see :meth:`flush`)."""
         taken = []
         b = self.batch
         for seq in seqs:
@@ -168,7 +170,10 @@ class MTPDrafter:
             if q is None or not q.tokens or room <= 0:
                 continue
             n = min(len(q.tokens), room)
-            b.extend(q.tokens[:n], q.start, seq, outputs="none", hidden=np.stack(q.hidden[:n]))
+            flags = np.zeros(n, dtype=bool)
+            if shadow:
+                flags[-shadow:] = True
+            b.extend(q.tokens[:n], q.start, seq, outputs=flags, hidden=np.stack(q.hidden[:n]))
             taken.append((seq, n))
             room -= n
         return taken
@@ -179,14 +184,28 @@ class MTPDrafter:
             del q.tokens[:n]
             del q.hidden[:n]
 
-    def flush(self, seqs: list[int] | None = None) -> int:
-        """Decode queued catch-up rows now; returns how many decodes that took."""
+    def flush(self, seqs: list[int] | None = None, shadow: int = 0) -> int:
+        """Decode queued catch-up rows now; returns how many decodes that took.
+
+        ``shadow > 0`` also reads what the MTP head predicts after the last ``shadow``
+        rows of each sequence (:attr:`shadow_predictions`: ``(seq, pos, token)``, the
+        head's guess for position ``pos + 1``) -- acceptance evidence for sequences
+        that are not drafting, for the price of a few output rows.
+        """
         order = list(self._queues) if seqs is None else seqs
         n_dec = 0
+        self.shadow_predictions: list[tuple[int, int, int]] = []
         while any(self._queues.get(s) and self._queues[s].tokens for s in order):
             self.batch.clear()
-            taken = self._add_queued(order, self.batch.capacity)
+            taken = self._add_queued(order, self.batch.capacity, shadow=shadow)
             self.ctx.decode(self.batch)
+            if shadow:
+                outs = np.flatnonzero(self.batch.output[: self.batch.n_tokens])
+                if outs.size:
+                    guess = np.argmax(self.ctx.logits_all(), axis=1)
+                    for j, g in zip(outs, guess):
+                        self.shadow_predictions.append(
+                            (int(self.batch.seq[j, 0]), int(self.batch.pos[j]), int(g)))
             self._consume(taken)
             n_dec += 1
         self.decodes += n_dec

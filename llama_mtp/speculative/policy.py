@@ -112,8 +112,16 @@ class PiecewiseCost:
         self.points[rows] = seconds if old is None else (1 - self.weight) * old + self.weight * seconds
 
     def __call__(self, rows: int) -> float:
+        """Seconds for ``rows``, never more than a measured larger row count costs (a
+        point not refreshed lately -- a row count the policy stopped choosing -- must
+        not make its neighbours look free)."""
         if rows <= 0:
             return 0.0
+        est = self._interp(rows)
+        above = [v for x, v in self.points.items() if x > rows]
+        return min(est, min(above)) if above else est
+
+    def _interp(self, rows: int) -> float:
         if rows in self.points:
             return self.points[rows]
         xs = sorted(self.points)
@@ -288,7 +296,8 @@ class DraftPolicy:
         ks, best = self._search(caps, fixed, auto, tables)
         # hysteresis: keep last step's lengths unless the new ones are clearly better
         prev = [min(self._last.get(s, -1), caps[i]) if fixed[i] is None else ks[i] for i, s in enumerate(seqs)]
-        if all(k >= 0 for k in prev) and self._rate(prev, tables) * (1.0 + self.hysteresis) >= best:
+        useless = any(prev[i] > 0 and tables[i][prev[i]] - 1.0 < 0.05 for i in auto)  # drafts nothing lands in
+        if all(k >= 0 for k in prev) and not useless and self._rate(prev, tables) * (1.0 + self.hysteresis) >= best:
             ks = prev
         if auto and any(ks[i] == 0 and caps[i] > 0 and cands[seqs[i]][3] >= self.probe_wait(cands[seqs[i]][1])
                         for i in auto):

@@ -72,6 +72,8 @@ def test_interrupt_from_another_thread(slow_model: Path) -> None:
 SCRIPT = textwrap.dedent(
     """
     import os, signal, threading, time, sys
+    # a shell's background job inherits SIGINT ignored (nohup, `cmd &`): act like a terminal
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     import llama_mtp as lm
     m = lm.Model(sys.argv[1])
     ctx = lm.Context(m, n_ctx={N}, n_batch={N})
@@ -129,6 +131,7 @@ def test_ctrl_c_during_decode(slow_model: Path, tmp_path: Path) -> None:
 ENGINE_SCRIPT = textwrap.dedent(
     """
     import os, signal, sys, threading, time
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even under nohup
     import llama_mtp as lm
     from llama_mtp.speculative import SpeculativeEngine
     m = lm.Model(sys.argv[1])

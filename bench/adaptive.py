@@ -71,7 +71,8 @@ def measure(eng: SpeculativeEngine, model: lm.Model, prompts: tuple[str, ...], n
 
 def engine(model: lm.Model, k: int | str, n_par: int, threads: int, n_ctx: int) -> SpeculativeEngine:
     mtp = k == "auto" or int(k) > 0
-    return SpeculativeEngine(model, max_sequences=n_par, n_ctx=n_ctx, draft_max=k if mtp else 0,  # type: ignore[arg-type]
+    draft_max = k if mtp else 0
+    return SpeculativeEngine(model, max_sequences=n_par, n_ctx=n_ctx, draft_max=draft_max,  # type: ignore[arg-type]
                              mtp=mtp, sampling=GREEDY, params=lm.ContextParams(n_threads=threads))
 
 

@@ -69,11 +69,40 @@ def test_interrupt_from_another_thread(slow_model: Path) -> None:
         assert np.isfinite(ctx.logits(-1)).all()
 
 
-SCRIPT = textwrap.dedent(
+# Prepended to the Ctrl-C scripts below: they run in a fresh interpreter that signals itself.
+SIGINT_PRELUDE = textwrap.dedent(
     """
-    import os, signal, threading, time, sys
+    import os, signal, threading, time
     # a shell's background job inherits SIGINT ignored (nohup, `cmd &`): act like a terminal
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def interrupt_within(run, undo, full, fractions):
+        \"\"\"Call ``run()`` with a SIGINT due after ``full / f`` seconds, for each f in turn, until
+        one lands inside it (a machine that slows down mid-test may finish before the signal;
+        then ``undo()`` and retry earlier). Returns the seconds ``run`` took when interrupted,
+        or None.\"\"\"
+        for frac in fractions:
+            timer = threading.Timer(full / frac, os.kill, (os.getpid(), signal.SIGINT))
+            timer.start()
+            t0 = time.perf_counter()
+            try:
+                run()
+            except KeyboardInterrupt:
+                return time.perf_counter() - t0
+            try:
+                timer.join()
+                time.sleep(0.05)  # the signal came after run(): let it land here
+            except KeyboardInterrupt:
+                pass
+            undo()
+        return None
+    """
+)
+
+
+SCRIPT = SIGINT_PRELUDE + textwrap.dedent(
+    """
+    import sys
     import llama_mtp as lm
     m = lm.Model(sys.argv[1])
     ctx = lm.Context(m, n_ctx={N}, n_batch={N})
@@ -82,25 +111,12 @@ SCRIPT = textwrap.dedent(
     for _ in range(2):  # the second run is warm: a cold first decode would time the signal too late
         ctx.memory.clear()
         t0 = time.perf_counter(); ctx.decode(b); full = time.perf_counter() - t0
-    # a machine that slows down mid-test may finish before the signal: retry with earlier ones
-    for frac in (5, 10, 20, 40):
-        ctx.memory.clear()
-        timer = threading.Timer(full / frac, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
-        t0 = time.perf_counter()
-        try:
-            ctx.decode(b)
-        except KeyboardInterrupt:
-            took = time.perf_counter() - t0
-            print("interrupted", round(took / full, 2), ctx.memory.pos_max(0))
-            break
-        try:
-            timer.join()
-            time.sleep(0.05)  # the signal came after the decode: let it land here
-        except KeyboardInterrupt:
-            pass
-    else:
+    ctx.memory.clear()
+    took = interrupt_within(lambda: ctx.decode(b), ctx.memory.clear, full, (5, 10, 20, 40))
+    if took is None:
         print("not interrupted")
+    else:
+        print("interrupted", round(took / full, 2), ctx.memory.pos_max(0))
     small = lm.Batch(4); small.extend([5, 6, 7], 0, 0); ctx.decode(small)
     print("recovered", ctx.memory.pos_max(0))
     """
@@ -128,10 +144,9 @@ def test_ctrl_c_during_decode(slow_model: Path, tmp_path: Path) -> None:
     assert lines[1] == "recovered 2"
 
 
-ENGINE_SCRIPT = textwrap.dedent(
+ENGINE_SCRIPT = SIGINT_PRELUDE + textwrap.dedent(
     """
-    import os, signal, sys, threading, time
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even under nohup
+    import sys
     import llama_mtp as lm
     from llama_mtp.speculative import SpeculativeEngine
     m = lm.Model(sys.argv[1])
@@ -155,22 +170,12 @@ ENGINE_SCRIPT = textwrap.dedent(
         while eng.active:
             eng.step()
         eng.remove(0)
-        for frac in (4, 8, 16, 32):  # retried earlier where the machine slowed down
-            timer = threading.Timer(full / frac, os.kill, (os.getpid(), signal.SIGINT))
-            timer.start()
-            try:
-                eng.add([10 + i % 400 for i in range(4000)], max_tokens=4)
-            except KeyboardInterrupt:
-                print("prefill interrupted", eng.free_slots, eng.target.memory.pos_max(0))
-                break
-            try:
-                timer.join()
-                time.sleep(0.05)  # the signal came after the prefill: let it land here
-            except KeyboardInterrupt:
-                pass
-            eng.remove(0)
-        else:
+        took = interrupt_within(lambda: eng.add([10 + i % 400 for i in range(4000)], max_tokens=4),
+                                lambda: eng.remove(0), full, (4, 8, 16, 32))
+        if took is None:
             print("prefill not interrupted")
+        else:
+            print("prefill interrupted", eng.free_slots, eng.target.memory.pos_max(0))
         # 2. Ctrl-C during steps: every sequence stays intact (replayed where needed)
         ids = eng.add_many([dict(prompt=p, max_tokens=60) for p in prompts])
         hits = 0

@@ -147,8 +147,8 @@ class SpeculativeEngine:
     ``n_ctx`` is the context of *each* sequence. ``draft_max`` bounds every
     sequence's draft length (and sizes the recurrent-state snapshots that make
     rollback cheap); with ``draft_max="auto"`` each sequence's length is chosen per
-    step in 0 .. ``draft_cap`` (default :data:`AUTO_DRAFT_CAP`). ``mtp=False`` runs plain decoding (or n-gram drafting only)
-    on models without an MTP head. ``rollback="checkpoint"`` forces the
+    step in 0 .. ``draft_cap`` (default :data:`AUTO_DRAFT_CAP`). ``mtp=False`` runs
+    plain decoding (or n-gram drafting only) on models without an MTP head. ``rollback="checkpoint"`` forces the
     checkpoint + replay path even where snapshots would do (for tests and
     benchmarks).
     """

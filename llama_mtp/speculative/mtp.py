@@ -194,7 +194,7 @@ class MTPDrafter:
         """
         order = list(self._queues) if seqs is None else seqs
         n_dec = 0
-        self.shadow_predictions: list[tuple[int, int, int]] = []
+        self.shadow_predictions = []
         while any(self._queues.get(s) and self._queues[s].tokens for s in order):
             self.batch.clear()
             taken = self._add_queued(order, self.batch.capacity, shadow=shadow)

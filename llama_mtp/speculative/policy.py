@@ -299,14 +299,15 @@ class DraftPolicy:
         useless = any(prev[i] > 0 and tables[i][prev[i]] - 1.0 < 0.05 for i in auto)  # drafts nothing lands in
         if all(k >= 0 for k in prev) and not useless and self._rate(prev, tables) * (1.0 + self.hysteresis) >= best:
             ks = prev
-        if auto and any(ks[i] == 0 and caps[i] > 0 and cands[seqs[i]][3] >= self.probe_wait(cands[seqs[i]][1])
-                        for i in auto):
+        # sequences left at 0 that have waited long enough for a probe
+        waiting = [i for i in auto
+                   if ks[i] == 0 and caps[i] > 0 and cands[seqs[i]][3] >= self.probe_wait(cands[seqs[i]][1])]
+        if waiting:
             opt_tables = [[cands[s][1].expected_tokens(k, optimistic=True) for k in range(c + 1)]
                           for s, c in zip(seqs, caps)]
             opt, _ = self._search(caps, fixed, auto, opt_tables)
-            for i in auto:
-                idle, acc = cands[seqs[i]][3], cands[seqs[i]][1]
-                if ks[i] == 0 and caps[i] > 0 and idle >= self.probe_wait(acc) and (opt[i] > 0 or idle >= self.probe_every):
+            for i in waiting:
+                if opt[i] > 0 or cands[seqs[i]][3] >= self.probe_every:
                     ks[i] = 1
         self.estimated_tok_s = self._rate(ks, tables)
         out = dict(zip(seqs, ks))

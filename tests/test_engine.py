@@ -36,6 +36,17 @@ def run(engine: SpeculativeEngine, prompts: list[list[int]], lengths: list[int],
     return [engine.sequence(i).tokens for i in ids]
 
 
+def pin_costs(eng: SpeculativeEngine) -> None:
+    """Pin the decode costs of a small CPU (each row costs) for draft_max='auto': a tiny
+    model's decodes cost about the same for 1 or 7 rows, within timing noise, so the
+    policy's choice would be a coin toss; pinned, a test is about acceptance."""
+    c = eng.policy.costs
+    for n in {1, eng.max_sequences}:
+        c.verify.calibrate(n, [(r, 0.010 + 0.004 * r) for r in range(1, n * (eng.draft_max + 1) + 1)])
+    c.draft.calibrate([(1, 0.003), (eng.max_sequences, 0.003 + 0.0005 * eng.max_sequences)])
+    c.verify.observe = c.draft.observe = lambda *a: None  # type: ignore[method-assign]
+
+
 @pytest.mark.parametrize("rollback", ["auto", "checkpoint"])
 @pytest.mark.parametrize("n_seq", [1, 4])
 @pytest.mark.parametrize("draft_max", [1, 2, 3, 5, 8, "auto"])
@@ -48,6 +59,8 @@ def test_lossless_greedy(model_path, name: str, draft_max: int | str, n_seq: int
     lengths = [30 + 9 * i for i in range(n_seq)]  # sequences finish at different times
     with SpeculativeEngine(model, max_sequences=n_seq, n_ctx=256, draft_max=draft_max, sampling=GREEDY,
                            rollback=rollback) as eng:  # type: ignore[arg-type]
+        if draft_max == "auto":
+            pin_costs(eng)  # so that auto really drafts where drafts land (and output is still checked)
         got = run(eng, prompts, lengths)
         stats = eng.stats.spec
     for p, n, g in zip(prompts, lengths, got):
@@ -279,14 +292,6 @@ def test_auto_adapts_to_the_model(model_path) -> None:
     """draft_max='auto' on real decodes: all but stops drafting (and later sequences start
     that way) where nothing is accepted; drafts long where everything is."""
     from llama_mtp.speculative.engine import AUTO_DRAFT_CAP
-
-    def pin_costs(eng: SpeculativeEngine) -> None:
-        # a tiny model's decodes cost about the same for 1 or 7 rows, within timing noise:
-        # pin the costs of a small CPU (each row costs) so the test is about acceptance
-        c = eng.policy.costs
-        c.verify.calibrate(1, [(r, 0.010 + 0.004 * r) for r in range(1, 9)])
-        c.draft.calibrate([(1, 0.003)])
-        c.verify.observe = c.draft.observe = lambda *a: None  # type: ignore[method-assign]
 
     with SpeculativeEngine(_models(str(model_path("random"))), n_ctx=256, sampling=GREEDY) as eng:
         assert eng.draft_max == AUTO_DRAFT_CAP and eng.target.n_rs_seq == AUTO_DRAFT_CAP

@@ -148,6 +148,8 @@ class Model:
     n_head_kv = property(lambda self: int(self._info["n_head_kv"]), doc="KV heads")
     size = property(lambda self: int(self._info["size"]), doc="bytes of all tensors")
     n_params = property(lambda self: int(self._info["n_params"]), doc="number of parameters")
+    positions_may_jump = property(lambda self: bool(self._info["positions_may_jump"]),
+                                  doc="a sequence's positions may skip ahead (multi-section RoPE)")
     is_recurrent = property(lambda self: bool(self._info["is_recurrent"]), doc="purely recurrent (Mamba, RWKV)")
     is_hybrid = property(lambda self: bool(self._info["is_hybrid"]), doc="recurrent + attention (Qwen3.5)")
 

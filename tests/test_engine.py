@@ -344,3 +344,29 @@ def test_shadow_evidence_of_idle_sequences(model_path, name: str) -> None:
             assert all(seen) and alpha is not None and alpha > 0.75
         else:
             assert sum(seen) <= len(seen) // 4 and alpha is not None and alpha < 0.4
+
+
+def test_idle_sequences_skip_catch_up(model_path) -> None:
+    """A sequence that stopped drafting feeds the MTP context only the rows before each
+    shadow guess (its MTP memory keeps a gap); output is still plain greedy decoding."""
+    from llama_mtp.speculative.engine import SKIP_KEEP
+
+    path = str(model_path("random"))
+    model = _models(path)
+    assert model.positions_may_jump  # qwen35: IMROPE
+    prompt = model.tokenize(PROMPTS[0])
+    with SpeculativeEngine(model, n_ctx=256, sampling=GREEDY) as eng:
+        c = eng.policy.costs
+        c.draft.calibrate([(1, 1.0)])  # drafting never pays: the sequence stays idle
+        c.draft.observe = lambda *a: None  # type: ignore[method-assign]
+        i = eng.add(prompt, max_tokens=150, ignore_eos=True)
+        while eng.active:
+            eng.step()
+            if eng.active:
+                mem = eng.drafter.ctx.memory
+                kept = mem.pos_max(i)
+        got = eng.sequence(i).tokens
+        assert eng.drafter is not None and eng.drafter.skipped > 0
+        # the MTP memory's last position is recent although most rows were never decoded
+        assert kept >= len(prompt) + 100 and eng.drafter.decodes * (SKIP_KEEP + 32) < 150 + len(prompt) + 64
+    assert got == reference(path, tuple(prompt), 150)

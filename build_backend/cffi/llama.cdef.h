@@ -88,6 +88,16 @@ enum llama_vocab_type {
     ...
 };
 
+enum llama_rope_type {
+    LLAMA_ROPE_TYPE_NONE = ...,
+    LLAMA_ROPE_TYPE_NORM = ...,
+    LLAMA_ROPE_TYPE_NEOX = ...,
+    LLAMA_ROPE_TYPE_MROPE = ...,
+    LLAMA_ROPE_TYPE_IMROPE = ...,
+    LLAMA_ROPE_TYPE_VISION = ...,
+    ...
+};
+
 enum llama_split_mode {
     LLAMA_SPLIT_MODE_NONE = ...,
     LLAMA_SPLIT_MODE_LAYER = ...,
@@ -231,6 +241,7 @@ int32_t llama_model_n_embd_inp(const struct llama_model * model);
 int32_t llama_model_n_embd_out(const struct llama_model * model);
 int32_t llama_model_n_layer(const struct llama_model * model);
 int32_t llama_model_n_layer_nextn(const struct llama_model * model);
+enum llama_rope_type llama_model_rope_type(const struct llama_model * model);
 int32_t llama_model_n_head(const struct llama_model * model);
 int32_t llama_model_n_head_kv(const struct llama_model * model);
 int32_t llama_model_meta_val_str(const struct llama_model * model, const char * key, char * buf, size_t buf_size);

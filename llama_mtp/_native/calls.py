@@ -210,6 +210,9 @@ def model_info(model: CData) -> dict[str, Any]:
         "description": ffi.string(buf).decode("utf-8", "replace"),
         "is_recurrent": bool(lib.llama_model_is_recurrent(model)),
         "is_hybrid": bool(lib.llama_model_is_hybrid(model)),
+        # multi-section RoPE (Qwen3.5's IMROPE and kin): a sequence's positions may jump forward
+        "positions_may_jump": int(lib.llama_model_rope_type(model)) in (
+            lib.LLAMA_ROPE_TYPE_MROPE, lib.LLAMA_ROPE_TYPE_IMROPE, lib.LLAMA_ROPE_TYPE_VISION),
         "has_encoder": bool(lib.llama_model_has_encoder(model)),
     }
 

@@ -59,6 +59,14 @@ AUTO_DRAFT_CAP = 6
 #: Catch-up rows per flush whose MTP predictions are read as acceptance evidence
 #: for sequences that are not drafting (see ``SpeculativeEngine._shadow_evidence``).
 SHADOW_ROWS = 2
+#: Catch-up rows queued per sequence before they are decoded on the MTP context.
+CATCH_UP_QUEUE = 32
+#: A sequence that has not drafted for this many steps stops feeding the MTP context
+#: every token: of each CATCH_UP_QUEUE rows queued, only the last SKIP_KEEP are decoded
+#: (those give the shadow evidence); the MTP memory keeps a gap where the rest were.
+#: Only on models whose positions may skip ahead (multi-section RoPE: Qwen3.5 and kin).
+SKIP_IDLE = 16
+SKIP_KEEP = 8
 
 
 class ContextLengthError(LlamaError, ValueError):
@@ -708,11 +716,15 @@ class SpeculativeEngine:
             if q.state.finished:
                 self._finish(q)
         if self.drafter is not None:
-            # sequences that stopped drafting still feed the MTP context: keep their queues short
-            long = [q.seq for q in runnable if not q.state.finished and self.drafter.pending(q.seq) > 32]
+            # sequences that stopped drafting still feed the MTP context: keep their queues short;
+            # long idle ones feed it only the rows before each shadow guess
+            long = [q for q in runnable if not q.state.finished and self.drafter.pending(q.seq) > CATCH_UP_QUEUE]
+            for q in long:
+                if q.idle >= SKIP_IDLE:
+                    self.drafter.skip(q.seq, SKIP_KEEP)
             if long:
                 t0 = time.perf_counter()
-                self.drafter.flush(long, shadow=SHADOW_ROWS)
+                self.drafter.flush([q.seq for q in long], shadow=SHADOW_ROWS)
                 self.stats.catch_up_s += time.perf_counter() - t0
                 self._shadow_evidence()
         return events

@@ -101,11 +101,15 @@ class MTPDrafter:
         self.ctx = Context(head, base.replace(n_ctx=n_ctx, n_seq_max=n_seq_max, n_batch=n_batch,
                                               n_ubatch=min(n_batch, base.n_ubatch or n_batch), n_rs_seq=0), mtp=True)
         self.n_vocab = head.n_vocab
+        #: may a sequence's MTP memory skip positions (multi-section RoPE models: Qwen3.5 and kin)?
+        #: Then :meth:`skip` can drop catch-up rows nobody will draft from.
+        self.can_skip = head.positions_may_jump
         self.hidden_dim = self.ctx.hidden_dim
         self.batch = Batch(self.ctx.n_batch, hidden_dim=self.hidden_dim)
         self._queues: dict[int, _Queue] = {}
         self._zero = np.zeros(self.hidden_dim, dtype=np.float32)
         self.decodes = 0
+        self.skipped = 0  # catch-up rows dropped by skip()
         self.last_timings: list[tuple[int, float]] = []  # (rows, seconds): last draft()'s pure draft decodes
         self.shadow_predictions: list[tuple[int, int, int]] = []  # last flush(shadow=...)'s guesses
 
@@ -159,6 +163,21 @@ class MTPDrafter:
             q.tokens.append(int(tokens[i]))
             q.hidden.append(np.array(hidden[i], dtype=np.float32))
         q.next_pos = max(q.next_pos, pos0 + len(tokens))
+
+    def skip(self, seq: int, keep: int) -> int:
+        """Drop all but the last ``keep`` queued catch-up rows of ``seq``; returns how many
+        were dropped. The MTP memory keeps what it holds, with a gap of positions it never
+        sees: its attention loses those rows, which only matters for drafts made soon after
+        (and never for the output, which the target alone decides). Only where
+        :attr:`can_skip` (elsewhere a sequence's positions must stay consecutive)."""
+        q = self._queues.get(seq)
+        if not self.can_skip or q is None or len(q.tokens) <= keep:
+            return 0
+        n = len(q.tokens) - max(0, keep)
+        del q.tokens[:n]
+        del q.hidden[:n]
+        self.skipped += n
+        return n
 
     def _add_queued(self, seqs: list[int], room: int, shadow: int = 0) -> list[tuple[int, int]]:
         """Put queued rows of ``seqs`` into the batch (up to ``room``); returns what was taken.
@@ -302,4 +321,5 @@ class MTPDrafter:
         return out
 
     def stats(self) -> dict[str, Any]:
-        return {"decodes": self.decodes, "queued": {s: len(q.tokens) for s, q in self._queues.items()}}
+        return {"decodes": self.decodes, "skipped": self.skipped,
+                "queued": {s: len(q.tokens) for s, q in self._queues.items()}}

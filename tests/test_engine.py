@@ -47,6 +47,12 @@ def pin_costs(eng: SpeculativeEngine) -> None:
     c.verify.observe = c.draft.observe = lambda *a: None  # type: ignore[method-assign]
 
 
+def never_draft(eng: SpeculativeEngine) -> None:
+    """Make an MTP draft decode cost a second: drafting never pays, sequences stay idle."""
+    eng.policy.costs.draft.calibrate([(1, 1.0)])
+    eng.policy.costs.draft.observe = lambda *a: None  # type: ignore[method-assign]
+
+
 @pytest.mark.parametrize("rollback", ["auto", "checkpoint"])
 @pytest.mark.parametrize("n_seq", [1, 4])
 @pytest.mark.parametrize("draft_max", [1, 2, 3, 5, 8, "auto"])
@@ -319,9 +325,7 @@ def test_shadow_evidence_of_idle_sequences(model_path, name: str) -> None:
     """A sequence that is not drafting still gets acceptance evidence: the MTP head's
     guesses on its catch-up rows, checked against what the target emitted."""
     with SpeculativeEngine(_models(str(model_path(name))), n_ctx=256, sampling=GREEDY) as eng:
-        c = eng.policy.costs
-        c.draft.calibrate([(1, 1.0)])  # drafting never pays: the sequence stays idle
-        c.draft.observe = lambda *a: None  # type: ignore[method-assign]
+        never_draft(eng)
         seen: list[bool] = []
         evidence = eng._shadow_evidence
 
@@ -349,24 +353,26 @@ def test_shadow_evidence_of_idle_sequences(model_path, name: str) -> None:
 def test_idle_sequences_skip_catch_up(model_path) -> None:
     """A sequence that stopped drafting feeds the MTP context only the rows before each
     shadow guess (its MTP memory keeps a gap); output is still plain greedy decoding."""
-    from llama_mtp.speculative.engine import SKIP_KEEP
+    from llama_mtp.speculative.engine import CATCH_UP_QUEUE, SKIP_IDLE, SKIP_KEEP
 
     path = str(model_path("random"))
     model = _models(path)
     assert model.positions_may_jump  # qwen35: IMROPE
     prompt = model.tokenize(PROMPTS[0])
+    n = 150
     with SpeculativeEngine(model, n_ctx=256, sampling=GREEDY) as eng:
-        c = eng.policy.costs
-        c.draft.calibrate([(1, 1.0)])  # drafting never pays: the sequence stays idle
-        c.draft.observe = lambda *a: None  # type: ignore[method-assign]
-        i = eng.add(prompt, max_tokens=150, ignore_eos=True)
+        never_draft(eng)
+        i = eng.add(prompt, max_tokens=n, ignore_eos=True)
+        last_pos = -1
         while eng.active:
             eng.step()
             if eng.active:
-                mem = eng.drafter.ctx.memory
-                kept = mem.pos_max(i)
+                assert eng.drafter is not None
+                last_pos = eng.drafter.ctx.memory.pos_max(i)
         got = eng.sequence(i).tokens
-        assert eng.drafter is not None and eng.drafter.skipped > 0
-        # the MTP memory's last position is recent although most rows were never decoded
-        assert kept >= len(prompt) + 100 and eng.drafter.decodes * (SKIP_KEEP + 32) < 150 + len(prompt) + 64
-    assert got == reference(path, tuple(prompt), 150)
+        assert eng.drafter is not None
+        # once idle, of every CATCH_UP_QUEUE rows all but SKIP_KEEP are dropped
+        assert eng.drafter.skipped >= (n - SKIP_IDLE - 2 * CATCH_UP_QUEUE) * (CATCH_UP_QUEUE - SKIP_KEEP) // CATCH_UP_QUEUE
+        # and the MTP memory still reaches recent positions, past the gaps
+        assert last_pos >= len(prompt) + n - 2 * CATCH_UP_QUEUE
+    assert got == reference(path, tuple(prompt), n)

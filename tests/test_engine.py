@@ -347,7 +347,8 @@ def test_shadow_evidence_of_idle_sequences(model_path, name: str) -> None:
         if name == "planted":
             assert all(seen) and alpha is not None and alpha > 0.75
         else:
-            assert sum(seen) <= len(seen) // 4 and alpha is not None and alpha < 0.4
+            # misses only: pulled well below the prior (0.7), which faded evidence returns to
+            assert sum(seen) <= len(seen) // 4 and alpha is not None and alpha < 0.5
 
 
 def test_idle_sequences_skip_catch_up(model_path) -> None:

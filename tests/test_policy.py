@@ -118,7 +118,7 @@ def test_probes_back_off_while_they_fail() -> None:
         waits.append(p.probe_wait(a))
         a.observe(1, 0)
     assert waits == sorted(waits) and waits[0] == p.probe_gap and waits[-1] == p.probe_every
-    for _ in range(40):
+    for _ in range(90):  # no evidence since: it has faded
         a.tick()
     assert p.choose({0: (6, a, None, waits[-1] - 1)})[0] == 0  # not yet
     assert p.choose({0: (6, a, None, waits[-1])})[0] == 1      # now a probe
@@ -140,3 +140,30 @@ def test_a_new_sequence_inherits_recent_acceptance() -> None:
         fresh.tick()
         fresh.observe(6, 6)
     assert fresh.alpha(0) > 0.6
+
+
+def test_flowing_evidence_stands_in_for_forced_probes() -> None:
+    """While shadow guesses keep arriving (two per 32 steps, all wrong), a long-idle
+    sequence is not probed; once the guesses turn right, it drafts again; once they
+    stop arriving and the evidence fades, the forced probe is back."""
+    p = compute_bound()
+    a = Acceptance(6)
+    for step in range(1, 321):
+        a.tick()
+        if step % 32 == 0:
+            a.observe(1, 0)
+            a.observe(1, 0)
+    assert a.tries[0] > p.fresh_evidence
+    assert p.choose({0: (6, a, None, 320)})[0] == 0  # idle far beyond probe_every: still no probe
+    b = Acceptance(6)
+    b.hits, b.tries, b.fails = list(a.hits), list(a.tries), a.fails
+    for step in range(1, 97):  # the text turns predictable: the shadow guesses land
+        b.tick()
+        if step % 32 == 0:
+            b.observe(1, 1)
+            b.observe(1, 1)
+    assert p.choose({0: (6, b, None, 416)})[0] >= 1
+    for _ in range(120):  # the guesses stop (no catch-up flushes): the evidence fades
+        a.tick()
+    assert a.tries[0] < p.fresh_evidence
+    assert p.choose({0: (6, a, None, 440)})[0] == 1

@@ -585,20 +585,21 @@ class SpeculativeEngine:
                 d = self.ngram.propose(np.asarray(q.history, dtype=np.int32), min(caps[q.seq], q.spec.ngram_max))
                 if d:
                     ngram_d[q.seq] = d
-        cands: dict[int, tuple[int, Acceptance, int | None, int]] = {}
-        self._acc_pool.tick()
-        for q in runnable:
-            assert q.acc is not None
-            q.acc.tick()
-            if q.seq in ngram_d:
-                n = len(ngram_d[q.seq])
-                cands[q.seq] = (n, q.acc, n, 0)
-            elif self.drafter is None:
-                cands[q.seq] = (0, q.acc, 0, 0)
-            else:
-                cap = min(caps[q.seq], self._mtp_k(q))
-                cands[q.seq] = (cap, q.acc, None if q.spec.draft_max == "auto" else cap, q.idle)
-        ks = self.policy.choose(cands)
+        if self.drafter is None:  # nothing to choose (and no MTP acceptance to track)
+            ks = {q.seq: len(ngram_d.get(q.seq, ())) for q in runnable}
+        else:
+            cands: dict[int, tuple[int, Acceptance, int | None, int]] = {}
+            self._acc_pool.tick()
+            for q in runnable:
+                assert q.acc is not None
+                q.acc.tick()
+                if q.seq in ngram_d:
+                    n = len(ngram_d[q.seq])
+                    cands[q.seq] = (n, q.acc, n, 0)
+                else:
+                    cap = min(caps[q.seq], self._mtp_k(q))
+                    cands[q.seq] = (cap, q.acc, None if q.spec.draft_max == "auto" else cap, q.idle)
+            ks = self.policy.choose(cands)
         room = self.target.n_batch - sum(len(q.backlog) + 1 for q in runnable)
         while sum(ks.values()) > room:
             s = max(ks, key=lambda x: ks[x])
@@ -659,7 +660,8 @@ class SpeculativeEngine:
         self.target.decode(b)
         dt = time.perf_counter() - t0
         self.stats.verify_s += dt
-        self.policy.costs.verify.observe(len(runnable), b.n_tokens, dt)
+        if self.drafter is not None:
+            self.policy.costs.verify.observe(len(runnable), b.n_tokens, dt)
         logits = self.target.logits_all()
         hidden = self.target.hidden_all() if self.drafter is not None else None
 

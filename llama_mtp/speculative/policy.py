@@ -20,7 +20,9 @@ pay, and the longest useful draft when acceptance is near 1. A sequence that sto
 drafting is probed with a 1-token draft now and then (after ``probe_gap`` steps,
 doubled for each failed draft in a row, up to ``probe_every``: a failed probe
 costs most of a plain step), so it can come back when its
-text becomes predictable again. A new sequence starts from the acceptance the
+text becomes predictable again. A probe is forced after ``probe_every`` idle steps
+only where the evidence has faded: while the engine's shadow guesses (what the MTP
+head predicted on catch-up rows) keep coming, the optimistic estimate decides. A new sequence starts from the acceptance the
 engine has seen lately (:meth:`Acceptance.inherit`), not from the prior.
 """
 
@@ -270,7 +272,12 @@ class DraftPolicy:
         self.costs = CostModel()
         self.hysteresis = hysteresis
         self._last: dict[int, int] = {}
+        self._secs: dict[tuple[int, ...], float] = {}  # step_seconds of the layouts priced this choose()
         self.probe_every = probe_every
+        # a sequence idle for probe_every steps is probed whatever the estimates say --
+        # unless evidence still comes in without drafting (the engine's shadow guesses
+        # keep ``tries[0]`` near 2..4): then the optimistic estimate alone decides
+        self.fresh_evidence = 1.0
         self.estimated_tok_s = 0.0
         self.measured_tok_s = 0.0
         self._ew = 0.9
@@ -288,6 +295,7 @@ class DraftPolicy:
         second. It runs on the running acceptance estimates; a second run on
         optimistic ones decides which sequences left at 0 get a 1-token probe.
         """
+        self._secs.clear()
         seqs = list(cands)
         caps = [cands[s][0] for s in seqs]
         fixed = [cands[s][2] for s in seqs]
@@ -307,7 +315,8 @@ class DraftPolicy:
                           for s, c in zip(seqs, caps)]
             opt, _ = self._search(caps, fixed, auto, opt_tables)
             for i in waiting:
-                if opt[i] > 0 or cands[seqs[i]][3] >= self.probe_every:
+                acc, idle = cands[seqs[i]][1], cands[seqs[i]][3]
+                if opt[i] > 0 or (idle >= self.probe_every and acc.tries[0] < self.fresh_evidence):
                     ks[i] = 1
         self.estimated_tok_s = self._rate(ks, tables)
         out = dict(zip(seqs, ks))
@@ -320,7 +329,11 @@ class DraftPolicy:
         return min(self.probe_every, self.probe_gap * 2 ** max(0, min(acc.fails - 1, 8)))
 
     def _rate(self, ks: list[int], tables: list[list[float]]) -> float:
-        return sum(t[k] for t, k in zip(tables, ks)) / self.costs.step_seconds(ks)
+        key = tuple(ks)  # one choose() prices the same layouts several times: once is enough
+        secs = self._secs.get(key)
+        if secs is None:
+            secs = self._secs[key] = self.costs.step_seconds(ks)
+        return sum(t[k] for t, k in zip(tables, ks)) / secs
 
     def _search(self, caps: list[int], fixed: list[int | None], auto: list[int],
                 tables: list[list[float]]) -> tuple[list[int], float]:

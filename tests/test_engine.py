@@ -44,13 +44,13 @@ def pin_costs(eng: SpeculativeEngine) -> None:
     for n in {1, eng.max_sequences}:
         c.verify.calibrate(n, [(r, 0.010 + 0.004 * r) for r in range(1, n * (eng.draft_max + 1) + 1)])
     c.draft.calibrate([(1, 0.003), (eng.max_sequences, 0.003 + 0.0005 * eng.max_sequences)])
-    c.verify.observe = c.draft.observe = lambda *a: None  # type: ignore[method-assign]
+    c.verify.observe = c.draft.observe = c.first.observe = lambda *a: None  # type: ignore[method-assign]
 
 
 def never_draft(eng: SpeculativeEngine) -> None:
     """Make an MTP draft decode cost a second: drafting never pays, sequences stay idle."""
     eng.policy.costs.draft.calibrate([(1, 1.0)])
-    eng.policy.costs.draft.observe = lambda *a: None  # type: ignore[method-assign]
+    eng.policy.costs.draft.observe = eng.policy.costs.first.observe = lambda *a: None  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize("rollback", ["auto", "checkpoint"])

@@ -167,3 +167,16 @@ def test_flowing_evidence_stands_in_for_forced_probes() -> None:
         a.tick()
     assert a.tries[0] < p.fresh_evidence
     assert p.choose({0: (6, a, None, 440)})[0] == 1
+
+
+def test_first_draft_decode_cost_counts() -> None:
+    """A drafting step's first MTP decode also carries the catch-up rows of what was
+    accepted; once it is measured dear, drafting that paid on the clean draft cost stops."""
+    p = compute_bound()
+    a = acc(0.8)
+    assert p.choose({0: (6, a, None, 0)})[0] >= 1  # priced on the pure draft decodes
+    p = compute_bound()
+    p.costs.first.calibrate([(1, 0.020), (4, 0.030)])
+    assert p.costs.step_seconds([1]) == pytest.approx(0.026 + 0.020)
+    assert p.costs.step_seconds([2]) == pytest.approx(0.034 + 0.020 + 0.004)
+    assert p.choose({0: (6, a, None, 0)})[0] == 0

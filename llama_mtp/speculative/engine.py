@@ -631,6 +631,8 @@ class SpeculativeEngine:
             self.stats.draft_s += time.perf_counter() - t0
             for rows, secs in self.drafter.last_timings:
                 self.policy.costs.draft.observe(rows, secs)
+            if self.drafter.first_timing is not None:
+                self.policy.costs.first.observe(*self.drafter.first_timing)
             for seq, d in got.items():
                 drafts[seq], source[seq] = d.tokens, ("mtp" if d.tokens else None)
                 if d.q is not None:

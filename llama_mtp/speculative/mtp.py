@@ -111,6 +111,9 @@ class MTPDrafter:
         self.decodes = 0
         self.skipped = 0  # catch-up rows dropped by skip()
         self.last_timings: list[tuple[int, float]] = []  # (rows, seconds): last draft()'s pure draft decodes
+        #: (drafting sequences, seconds) of the last draft()'s first decode, which also
+        #: carried the queued catch-up rows -- what a drafting step's first MTP decode costs
+        self.first_timing: tuple[int, float] | None = None
         self.shadow_predictions: list[tuple[int, int, int]] = []  # last flush(shadow=...)'s guesses
 
     def close(self) -> None:
@@ -247,6 +250,7 @@ class MTPDrafter:
         out = {r.seq: Draft(tokens=[], q=[] if r.sampler is not None else None) for r in requests}
         live = [r for r in requests if r.n_max > 0]
         self.last_timings = []
+        self.first_timing = None
         if not live:
             return out
         b = self.batch
@@ -272,6 +276,8 @@ class MTPDrafter:
             self.ctx.decode(b)
             if step > 0:  # the first decode also carries catch-up rows: not a clean draft cost
                 self.last_timings.append((b.n_tokens, time.perf_counter() - t0))
+            else:
+                self.first_timing = (len(live), time.perf_counter() - t0)
             self.decodes += 1
             if step == 0:
                 self._consume(taken)

@@ -179,12 +179,18 @@ class CostModel:
     """Measured costs of one engine's decodes."""
 
     verify: VerifyCost = field(default_factory=VerifyCost)
+    #: an MTP draft decode by its outputs (the drafting sequences)
     draft: PiecewiseCost = field(default_factory=lambda: PiecewiseCost(0.004, 0.001))
+    #: a drafting step's first MTP decode by its drafting sequences: it also carries the
+    #: catch-up rows of what the last verify accepted, which a sequence that does not
+    #: draft feeds the MTP context in cheaper batches (or skips); ``draft`` until measured
+    first: PiecewiseCost = field(default_factory=lambda: PiecewiseCost(0.004, 0.001))
 
     def step_seconds(self, ks: list[int]) -> float:
         t = self.verify(len(ks), sum(1 + k for k in ks))
         for i in range(max(ks, default=0)):
-            t += self.draft(sum(1 for k in ks if k > i))
+            n = sum(1 for k in ks if k > i)
+            t += self.first(n) if i == 0 and self.first.points else self.draft(n)
         return t
 
 

@@ -53,6 +53,13 @@ def level_model(name: str) -> tuple[Path, tuple[str, ...]]:
 def measure(eng: SpeculativeEngine, model: lm.Model, prompts: tuple[str, ...], n: int,
             n_par: int) -> tuple[float, SpecStats]:
     """Tokens/s over every prompt (``n_par`` copies of each at once), prefill included."""
+    tokens, seconds, spec = timed(eng, model, prompts, n, n_par)
+    return tokens / seconds, spec
+
+
+def timed(eng: SpeculativeEngine, model: lm.Model, prompts: tuple[str, ...], n: int,
+          n_par: int) -> tuple[int, float, SpecStats]:
+    """(tokens, seconds, stats) over every prompt (``n_par`` copies of each at once)."""
     spec = SpecStats()
     tokens, seconds = 0, 0.0
     for p in prompts:
@@ -66,7 +73,7 @@ def measure(eng: SpeculativeEngine, model: lm.Model, prompts: tuple[str, ...], n
             st = eng.remove(i)
             tokens += len(st.tokens)
             spec.merge(st.stats)
-    return tokens / seconds, spec
+    return tokens, seconds, spec
 
 
 def engine(model: lm.Model, k: int | str, n_par: int, threads: int, n_ctx: int) -> SpeculativeEngine:
@@ -85,15 +92,28 @@ def run_level(name: str, ks: list[int], pars: list[int], args: argparse.Namespac
             engines = {k: engine(model, k, n_par, args.threads, args.n_ctx) for k in configs}
             n = args.tokens if n_par == 1 else max(32, args.tokens // 2)
             runs: dict[int | str, list[float]] = {k: [] for k in configs}
+            # paired: each config's rate on one prompt over plain's on the same prompt, same round
+            # (runs seconds apart, so slow drift of the machine's speed cancels)
+            pairs: dict[int | str, list[float]] = {k: [] for k in configs}
             stats: dict[int | str, SpecStats] = {k: SpecStats() for k in configs}
             try:
                 for k in configs:
                     measure(engines[k], model, prompts[:1], 16, n_par)  # warm-up
                 for r in range(args.repeat):
+                    order = configs[r % len(configs):] + configs[:r % len(configs)]  # nobody always first
+                    totals = {k: [0, 0.0] for k in configs}
+                    for p in prompts:
+                        rate_of: dict[int | str, float] = {}
+                        for k in order:
+                            tok, sec, spec = timed(engines[k], model, (p,), n, n_par)
+                            totals[k][0] += tok
+                            totals[k][1] += sec
+                            rate_of[k] = tok / sec
+                            stats[k].merge(spec)
+                        for k in configs:
+                            pairs[k].append(rate_of[k] / rate_of[0])
                     for k in configs:
-                        rate, spec = measure(engines[k], model, prompts, n, n_par)
-                        runs[k].append(rate)
-                        stats[k].merge(spec)
+                        runs[k].append(totals[k][0] / totals[k][1])
                     print(f"  [{name} x{n_par} {r + 1}/{args.repeat}] "
                           + "  ".join(f"{'plain' if k == 0 else k}:{runs[k][-1]:.1f}" for k in configs), flush=True)
                 auto_eng = engines["auto"]
@@ -102,18 +122,20 @@ def run_level(name: str, ks: list[int], pars: list[int], args: argparse.Namespac
                 for e in engines.values():
                     e.close()
             med = {k: statistics.median(v) for k, v in runs.items()}
-            best_k = max(ks, key=lambda k: med[k])
-            plain = med[0]
+            vs_plain = {k: statistics.median(v) for k, v in pairs.items()}
+            best_k = max(ks, key=lambda k: vs_plain[k])
             out[str(n_par)] = {
                 "tok_s": {("plain" if k == 0 else str(k)): round(v, 2) for k, v in med.items()},
                 "runs": {("plain" if k == 0 else str(k)): [round(x, 2) for x in v] for k, v in runs.items()},
                 "acceptance": {str(k): round(stats[k].acceptance_rate, 4) for k in configs if k != 0},
                 "auto_draft_length_hist": {str(a): b for a, b in sorted(stats["auto"].draft_length_hist.items())},
                 "auto_estimated_tok_s": round(est, 2), "auto_measured_tok_s": round(meas, 2),
+                "vs_plain_paired": {("plain" if k == 0 else str(k)): round(v, 4) for k, v in vs_plain.items()},
                 "best_fixed_k": best_k,
-                "auto_vs_plain": round(med["auto"] / plain, 4),
-                "auto_vs_best_fixed": round(med["auto"] / med[best_k], 4),
-                "best_fixed_vs_plain": round(med[best_k] / plain, 4),
+                "auto_vs_plain": round(vs_plain["auto"], 4),
+                "auto_vs_best_fixed": round(statistics.median(
+                    a / b for a, b in zip(pairs["auto"], pairs[best_k])), 4),
+                "best_fixed_vs_plain": round(vs_plain[best_k], 4),
             }
             c = out[str(n_par)]
             print(f"  => {name} x{n_par}: auto {med['auto']:.1f} tok/s = {c['auto_vs_plain']:.3f}x plain, "
@@ -127,7 +149,9 @@ def markdown(r: dict[str, Any]) -> str:
     lines = [f"### Adaptive draft length ({r['date']})", "",
              f"{r['machine']['cpu']}, {r['machine']['cores']} cores, {s['threads']} threads; greedy; "
              f"{s['tokens']} tokens per sequence ({s['tokens'] // 2} with several sequences) from each of 3 prompts; "
-             f"median of {s['repeat']} interleaved rounds; fixed k = {s['draft_lengths']}.", "",
+             f"median of {s['repeat']} interleaved rounds; fixed k = {s['draft_lengths']}. Ratios: the median "
+             f"over rounds and prompts of paired ratios (two configurations on the same prompt in the same "
+             f"round, seconds apart).", "",
              "| acceptance | sequences | plain tok/s | best fixed k (tok/s) | auto tok/s | auto / plain | "
              "auto / best fixed | auto's k histogram |",
              "|---|---|---|---|---|---|---|---|"]

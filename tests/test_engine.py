@@ -320,6 +320,24 @@ def test_auto_adapts_to_the_model(model_path) -> None:
         assert st.acceptance_rate == 1.0 and st.draft_n / st.num_drafts >= 4, st.draft_length_hist
 
 
+def test_first_draft_decode_is_priced_apart(model_path) -> None:
+    """A drafting step's first MTP decode (which carries the catch-up rows) is timed on
+    its own, by drafting sequences; the pure draft decodes after it by their outputs."""
+    with SpeculativeEngine(_models(str(model_path("planted"))), max_sequences=2, n_ctx=256, draft_max=3,
+                           sampling=GREEDY) as eng:
+        assert eng.drafter is not None
+        ids = eng.add_many([dict(prompt=p, max_tokens=24, ignore_eos=True) for p in PROMPTS[:2]])
+        eng.step()
+        n, secs = eng.drafter.first_timing  # type: ignore[misc]
+        assert n == 2 and secs > 0
+        assert [rows for rows, _ in eng.drafter.last_timings] == [2, 2]  # k=3: two more decodes
+        while eng.active:
+            eng.step()
+        costs = eng.policy.costs
+        assert set(costs.first.points) <= {1, 2} and 2 in costs.first.points
+        assert all(eng.sequence(i).stats.acceptance_rate == 1.0 for i in ids)
+
+
 @pytest.mark.parametrize("name", ["planted", "random"])
 def test_shadow_evidence_of_idle_sequences(model_path, name: str) -> None:
     """A sequence that is not drafting still gets acceptance evidence: the MTP head's

@@ -96,7 +96,8 @@ def test_demo_model_is_deterministic_and_cached(tmp_path: Path, monkeypatch: pyt
     p2 = write_demo_model(tmp_path / "again.gguf")
     assert p2.read_bytes() == p1.read_bytes()
     assert p1.stat().st_size < 10 * 2**20
-    with lm.LLM(p1, n_ctx=256, parallel=1) as x:
+    # a fixed k: on a model this small 'auto' may rightly find that drafting does not pay
+    with lm.LLM(p1, n_ctx=256, parallel=1, draft_max=3) as x:
         r = x.generate("Multi-token prediction", 48, temperature=0)
         assert "drafts several tokens ahead" in r.text
         assert r.stats.acceptance_rate > 0.9

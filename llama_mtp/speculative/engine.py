@@ -632,11 +632,7 @@ class SpeculativeEngine:
             for rows, secs in self.drafter.last_timings:
                 self.policy.costs.draft.observe(rows, secs)
             if self.drafter.first_timing is not None:
-                n, secs = self.drafter.first_timing
-                first = self.policy.costs.first
-                if n not in first.points:  # start from the pure draft cost: one slow decode
-                    first.calibrate([(n, self.policy.costs.draft(n))])  # must not end drafting for good
-                first.observe(n, secs)
+                self.policy.costs.observe_first(*self.drafter.first_timing)
             for seq, d in got.items():
                 drafts[seq], source[seq] = d.tokens, ("mtp" if d.tokens else None)
                 if d.q is not None:

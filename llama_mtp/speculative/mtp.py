@@ -274,12 +274,12 @@ class MTPDrafter:
         while active:
             t0 = time.perf_counter()
             self.ctx.decode(b)
-            if step > 0:  # the first decode also carries catch-up rows: not a clean draft cost
-                self.last_timings.append((b.n_tokens, time.perf_counter() - t0))
-            else:
-                self.first_timing = (len(live), time.perf_counter() - t0)
+            dt = time.perf_counter() - t0
             self.decodes += 1
-            if step == 0:
+            if step > 0:
+                self.last_timings.append((b.n_tokens, dt))
+            else:  # the first decode also carries catch-up rows: not a clean draft cost
+                self.first_timing = (len(live), dt)
                 self._consume(taken)
                 for r in live:
                     q = self._q(r.seq)

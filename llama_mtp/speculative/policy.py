@@ -22,8 +22,9 @@ doubled for each failed draft in a row, up to ``probe_every``: a failed probe
 costs most of a plain step), so it can come back when its
 text becomes predictable again. A probe is forced after ``probe_every`` idle steps
 only where the evidence has faded: while the engine's shadow guesses (what the MTP
-head predicted on catch-up rows) keep coming, the optimistic estimate decides. A new sequence starts from the acceptance the
-engine has seen lately (:meth:`Acceptance.inherit`), not from the prior.
+head predicted on catch-up rows) keep coming, the optimistic estimate decides. A
+new sequence starts from the acceptance the engine has seen lately
+(:meth:`Acceptance.inherit`), not from the prior.
 """
 
 from __future__ import annotations
@@ -185,6 +186,14 @@ class CostModel:
     #: catch-up rows of what the last verify accepted, which a sequence that does not
     #: draft feeds the MTP context in cheaper batches (or skips); never below ``draft``
     first: PiecewiseCost = field(default_factory=lambda: PiecewiseCost(0.004, 0.001))
+
+    def observe_first(self, n: int, seconds: float) -> None:
+        """A drafting step's first MTP decode took ``seconds`` with ``n`` drafting
+        sequences. An unmeasured count starts from the pure draft cost, so one slow
+        decode only moves the estimate (it must not end drafting for good)."""
+        if n not in self.first.points:
+            self.first.calibrate([(n, self.draft(n))])
+        self.first.observe(n, seconds)
 
     def step_seconds(self, ks: list[int]) -> float:
         t = self.verify(len(ks), sum(1 + k for k in ks))

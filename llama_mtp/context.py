@@ -44,7 +44,9 @@ class Checkpoint:
     seq: int
     pos_max: int
     partial: bool
-    data: bytes
+    #: the serialized state: bytes, or (``checkpoint(reuse=True)``) a view of a buffer
+    #: the context reuses for that sequence's next such checkpoint
+    data: bytes | npt.NDArray[np.uint8]
 
     @property
     def nbytes(self) -> int:
@@ -106,6 +108,7 @@ class Context:
         self._n_outputs_max = params.n_outputs_max or self._info["n_batch"]
         self._dropped = np.zeros(self._info["n_seq_max"], dtype=np.int8)
         self._gen = 0
+        self._ckpt_bufs: dict[int, npt.NDArray[np.uint8]] = {}  # per sequence, for checkpoint(reuse=True)
         self._last_tokens = 0
         self._last_out_idx = np.zeros(0, dtype=np.int64)
         self._hidden_mode: bool | None = None  # None: off; True: masked; False: unmasked
@@ -325,14 +328,27 @@ class Context:
 
     # ------------------------------------------------------------ checkpoints
 
-    def checkpoint(self, seq: int, *, partial: bool = False) -> Checkpoint:
-        """Save sequence ``seq``'s state (``partial``: recurrent/SWA parts only)."""
+    def checkpoint(self, seq: int, *, partial: bool = False, reuse: bool = False) -> Checkpoint:
+        """Save sequence ``seq``'s state (``partial``: recurrent/SWA parts only).
+
+        ``reuse=True`` serializes into a buffer the context keeps for ``seq`` instead
+        of a fresh one (several megabytes per sequence on a hybrid model: allocating
+        them costs more than the copy): the checkpoint is then valid until the next
+        ``reuse=True`` checkpoint of the same sequence -- what a speculative step
+        needs, saving the state before each verify that might be rolled back."""
         with self._lock:
             ptr = self._handle()
             self.memory._check_seq(seq)
             clear_log()
             flags = calls.STATE_PARTIAL_ONLY if partial else calls.STATE_FULL
-            data = calls.state_seq_get(ptr, seq, flags)
+            if reuse:
+                buf = self._ckpt_bufs.get(seq)
+                need = calls.state_seq_size(ptr, seq, flags)
+                if buf is None or buf.size < need:
+                    buf = self._ckpt_bufs[seq] = np.empty(need + need // 8, dtype=np.uint8)  # room to grow
+                data = calls.state_seq_get(ptr, seq, flags, out=buf)
+            else:
+                data = calls.state_seq_get(ptr, seq, flags)
             if data is None:
                 raise_with_log(LlamaError, f"could not save the state of sequence {seq}")
             return Checkpoint(seq=seq, pos_max=self.memory.pos_max(seq), partial=partial, data=data)

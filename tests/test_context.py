@@ -84,12 +84,13 @@ def test_rollback_refused_without_snapshots(trunk: lm.Model) -> None:
         assert ctx.memory.pos_max(0) == -1
 
 
+@pytest.mark.parametrize("reuse", [False, True])
 @pytest.mark.parametrize("partial", [False, True])
-def test_checkpoint_restore(trunk: lm.Model, partial: bool) -> None:
+def test_checkpoint_restore(trunk: lm.Model, partial: bool, reuse: bool) -> None:
     toks = trunk.tokenize(PROMPT_TEXT)
     with lm.Context(trunk, n_ctx=256) as ctx:
         decode_all(ctx, toks[:4])
-        ckpt = ctx.checkpoint(0, partial=partial)
+        ckpt = ctx.checkpoint(0, partial=partial, reuse=reuse)
         assert ckpt.pos_max == 3 and ckpt.nbytes > 0 and ckpt.partial is partial
         first = decode_all(ctx, toks[4:7], pos0=4)
         decode_all(ctx, [5, 6, 7], pos0=7)  # wander off
@@ -97,6 +98,27 @@ def test_checkpoint_restore(trunk: lm.Model, partial: bool) -> None:
         assert ctx.memory.pos_max(0) == 3
         again = decode_all(ctx, toks[4:7], pos0=4)
     np.testing.assert_array_equal(first, again)
+
+
+def test_checkpoint_reuse_keeps_one_buffer_per_sequence(trunk: lm.Model) -> None:
+    """reuse=True writes into the sequence's own buffer: no new allocation for the next
+    checkpoint of that sequence (which replaces the last), none shared across sequences."""
+    toks = trunk.tokenize(PROMPT_TEXT) * 4
+    with lm.Context(trunk, n_ctx=256, n_seq_max=2) as ctx:
+        decode_all(ctx, toks[:4], seq=0)
+        decode_all(ctx, toks[:2], seq=1)
+        a = ctx.checkpoint(0, partial=True, reuse=True)
+        b = ctx.checkpoint(1, partial=True, reuse=True)
+        assert not np.shares_memory(a.data, b.data)
+        saved = bytes(a.data)
+        decode_all(ctx, toks[4:6], pos0=4, seq=0)
+        a2 = ctx.checkpoint(0, partial=True, reuse=True)
+        assert np.shares_memory(a.data, a2.data) and a2.pos_max == 5
+        assert bytes(a2.data) != saved  # the state moved on; the old checkpoint is replaced
+        first = decode_all(ctx, toks[6:8], pos0=6, seq=0)
+        ctx.restore(a2)
+        assert ctx.memory.pos_max(0) == 5
+        np.testing.assert_array_equal(first, decode_all(ctx, toks[6:8], pos0=6, seq=0))
 
 
 def test_checkpoint_into_other_sequence(trunk: lm.Model) -> None:

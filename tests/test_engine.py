@@ -53,7 +53,7 @@ def never_draft(eng: SpeculativeEngine) -> None:
     eng.policy.costs.draft.observe = eng.policy.costs.first.observe = lambda *a: None  # type: ignore[method-assign]
 
 
-@pytest.mark.parametrize("rollback", ["auto", "checkpoint"])
+@pytest.mark.parametrize("rollback", ["snapshots", "checkpoint"])
 @pytest.mark.parametrize("n_seq", [1, 4])
 @pytest.mark.parametrize("draft_max", [1, 2, 3, 5, 8, "auto"])
 @pytest.mark.parametrize("name", ["random", "planted", "noisy", "shift", "trunk"])
@@ -80,8 +80,54 @@ def test_lossless_greedy(model_path, name: str, draft_max: int | str, n_seq: int
         assert stats.acceptance_rate < 0.05 and stats.rollbacks > 0
     if rollback == "checkpoint" and name in ("random", "noisy"):
         assert stats.checkpoint_restores > 0  # the fallback path really ran
-    if rollback == "auto":
+    if rollback == "snapshots":
         assert stats.checkpoint_restores == 0  # n_rs_seq snapshots covered every rollback
+
+
+@pytest.mark.skipif(lm.build_info()["capabilities"]["gpu_offload"], reason="the CPU-only choice")
+@pytest.mark.parametrize("draft_max", [1, 3])
+def test_checkpoint_replays_stay_bounded(model_path, draft_max: int) -> None:
+    """After a checkpoint restore the accepted tokens are replayed in the next verify; a
+    sequence does not draft past its snapshots in that verify (a checkpoint taken before
+    it would not hold the replay, and every rejection would replay it again: replays
+    growing by one token a step at 0% acceptance). Output stays exact."""
+    path = str(model_path("random"))
+    model = _models(path)
+    prompts = [model.tokenize(t) for t in PROMPTS[:3]]
+    with SpeculativeEngine(model, max_sequences=3, n_ctx=256, draft_max=draft_max, sampling=GREEDY,
+                           rollback="checkpoint") as eng:
+        ids = eng.add_many([dict(prompt=p, max_tokens=30) for p in prompts])
+        longest = 0
+        while eng.active:
+            eng.step()
+            longest = max([longest, *(len(q.backlog) for q in eng._seqs.values())])
+        got = [eng.sequence(i).tokens for i in ids]
+        stats = eng.stats.spec
+    assert stats.checkpoint_restores > 5 and stats.num_drafts > 5
+    assert longest <= draft_max + 1  # one rejected step's accepted tokens + id_last, never more
+    for p, g in zip(prompts, got):
+        assert g == reference(path, tuple(p), 30)
+
+
+def test_rollback_auto_resolves_by_workload(model_path) -> None:
+    """rollback="auto": snapshots for one sequence or a fixed draft length, checkpoints
+    for several adaptive sequences on a CPU-only run (no per-decode snapshot cost
+    there, the policy prices the replays); the resolved mode is what the target uses."""
+    model = _models(str(model_path("noisy")))
+    for n_seq, want in ((1, "snapshots"), (3, "checkpoint")):
+        with SpeculativeEngine(model, max_sequences=n_seq, n_ctx=128, draft_cap=3, sampling=GREEDY) as eng:
+            assert eng.rollback == want and eng.policy.replays == (want == "checkpoint")
+            # the policy starts from a measured save / restore (calibration) where it pays them
+            assert (eng.policy.costs.save > 0 and eng.policy.costs.restore > 0) == (want == "checkpoint")
+            assert eng.target.n_rs_seq == (3 if want == "snapshots" else 0)
+    with SpeculativeEngine(model, max_sequences=3, n_ctx=128, draft_max=3) as eng:
+        assert eng.rollback == "snapshots" and eng.target.n_rs_seq == 3  # a fixed k keeps the snapshots
+    with SpeculativeEngine(model, max_sequences=3, n_ctx=128, draft_cap=3, rollback="snapshots") as eng:
+        assert eng.rollback == "snapshots" and eng.target.n_rs_seq == 3 and not eng.policy.replays
+    with SpeculativeEngine(model, max_sequences=1, n_ctx=128, draft_max=2, rollback="checkpoint") as eng:
+        assert eng.target.n_rs_seq == 0 and eng.policy.replays
+    with pytest.raises(ValueError, match="rollback"):
+        SpeculativeEngine(model, rollback="replay")  # type: ignore[arg-type]
 
 
 def test_prompt_longer_than_n_batch(model_path) -> None:

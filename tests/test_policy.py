@@ -36,6 +36,48 @@ def test_expected_tokens() -> None:
     assert a.expected_tokens(3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
 
 
+def test_estimates_follow_the_shrinkage_recursion() -> None:
+    """alpha(i) shrinks position i's evidence towards alpha(i-1) (position 0 towards
+    the prior); positions past the tracked ones repeat the last; the optimistic
+    estimate adds a bonus that fades with the evidence; expected_table(k)[j] is
+    1 + sum_{i<j} prod_{m<=i} alpha(m) -- all checked against a direct evaluation."""
+    import math
+    import random
+
+    rng = random.Random(7)
+    for _ in range(50):
+        a = Acceptance(4, prior=rng.random(), pseudo=rng.uniform(0.5, 5.0), bonus=rng.uniform(0.0, 0.5))
+        for _ in range(rng.randrange(40)):
+            a.tick()
+            d = rng.randrange(1, 5)
+            a.observe(d, rng.randrange(d + 1))
+        ref, est = [], a.prior
+        for i in range(7):
+            j = min(i, 3)
+            if i <= 3:
+                est = (a.hits[j] + a.pseudo * est) / (a.tries[j] + a.pseudo)
+            ref.append(est)
+        for i in range(7):
+            assert a.alpha(i) == pytest.approx(ref[i])
+            j = min(i, 3)
+            assert a.optimistic(i) == pytest.approx(min(1.0, ref[i] + a.bonus / math.sqrt(a.tries[j] + 1.0)))
+        for opt in (False, True):
+            f = a.optimistic if opt else a.alpha
+            table = a.expected_table(6, optimistic=opt)
+            assert len(table) == 7
+            for k in range(7):
+                assert table[k] == pytest.approx(1 + sum(math.prod(f(m) for m in range(i + 1)) for i in range(k)))
+                assert a.expected_tokens(k, optimistic=opt) == pytest.approx(table[k])
+
+
+def test_step_cost_ignores_which_sequence_drafts_what() -> None:
+    """One choose() prices a layout once whatever its order (the memo is keyed on the
+    sorted lengths): the verify and the MTP decodes see counts, not sequence ids."""
+    p = compute_bound()
+    for ks in ([3, 0, 1, 0], [0, 1, 0, 3], [1, 3, 0, 0]):
+        assert p.costs.step_seconds(ks) == pytest.approx(p.costs.step_seconds([0, 0, 1, 3]))
+
+
 def test_chooses_zero_when_drafting_cannot_pay() -> None:
     p = compute_bound()
     ks = p.choose({0: (6, acc(0.05), None, 0)})
@@ -180,3 +222,35 @@ def test_first_draft_decode_cost_counts() -> None:
     assert p.costs.step_seconds([1]) == pytest.approx(0.026 + 0.020)
     assert p.costs.step_seconds([2]) == pytest.approx(0.034 + 0.020 + 0.004)
     assert p.choose({0: (6, a, None, 0)})[0] == 0
+
+
+def test_rejection_table() -> None:
+    a = acc(0.5, k=4)
+    t = a.rejection_table(3)
+    assert t[0] == (0.0, 0.0)
+    assert t[1] == pytest.approx((0.5, 0.5))              # rejected at 0: id_last replayed
+    assert t[2] == pytest.approx((0.75, 0.5 + 0.25 * 2))  # or at 1: one accepted + id_last
+    assert t[3] == pytest.approx((0.875, 1.0 + 0.125 * 3))
+
+
+def test_checkpoint_rollback_is_priced() -> None:
+    """Without snapshots a draft costs a save, a rejection a restore and its replayed
+    rows: the same acceptance buys shorter drafts (none where rejections cost too
+    much), while drafts that are always taken whole still pay."""
+    base = memory_bound().choose({0: (6, acc(0.6), None, 0)})[0]
+    assert base > 0
+    p = memory_bound()
+    p.replays = True
+    p.costs.observe_save(1, 0.001)
+    p.costs.observe_restore(0.001)
+    cheap = p.choose({0: (6, acc(0.6), None, 0)})[0]
+    assert 0 < cheap <= base
+    p = memory_bound()
+    p.replays = True
+    p.costs.observe_save(1, 0.002)
+    p.costs.observe_restore(0.03)
+    assert p.choose({0: (6, acc(0.6), None, 0)})[0] < cheap
+    assert p.choose({0: (6, acc(1.0), None, 0)})[0] == 6  # nothing to restore or replay
+    # the same for four sequences sharing the batch
+    ks = p.choose({s: (6, acc(0.6), None, 0) for s in range(4)})
+    assert all(k < base for k in ks.values())

@@ -500,16 +500,28 @@ def mem_can_shift(mem: CData) -> bool:
     return bool(lib.llama_memory_can_shift(mem))
 
 
-def state_seq_get(ctx: CData, seq: int, flags: int) -> bytes | None:
-    size = int(lib.llama_state_seq_get_size_ext(ctx, seq, flags))
+def state_seq_size(ctx: CData, seq: int, flags: int) -> int:
+    return int(lib.llama_state_seq_get_size_ext(ctx, seq, flags))
+
+
+def state_seq_get(ctx: CData, seq: int, flags: int,
+                  out: npt.NDArray[np.uint8] | None = None) -> bytes | npt.NDArray[np.uint8] | None:
+    """A sequence's serialized state: as bytes, or -- given ``out`` large enough -- written
+    into ``out`` and returned as a view of it (no allocation: a fresh multi-megabyte
+    buffer costs more in page faults than the copy itself)."""
+    size = state_seq_size(ctx, seq, flags)
     if size == 0:
         return None
-    buf = np.empty(size, dtype=np.uint8)
+    reuse = out is not None and out.size >= size
+    buf = out if reuse else np.empty(size, dtype=np.uint8)
+    assert buf is not None
     n = int(lib.llama_state_seq_get_data_ext(ctx, ffi.from_buffer("uint8_t[]", buf), size, seq, flags))
-    return None if n == 0 else buf[:n].tobytes()
+    if n == 0:
+        return None
+    return buf[:n] if reuse else buf[:n].tobytes()
 
 
-def state_seq_set(ctx: CData, data: bytes, seq: int, flags: int) -> int:
+def state_seq_set(ctx: CData, data: bytes | npt.NDArray[np.uint8], seq: int, flags: int) -> int:
     return int(lib.llama_state_seq_set_data_ext(ctx, ffi.from_buffer("uint8_t[]", data), len(data), seq, flags))
 
 

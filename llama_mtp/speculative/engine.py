@@ -33,6 +33,7 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _native
+from .._native import calls
 from ..batch import Batch
 from ..context import Checkpoint, Context
 from ..errors import ClosedError, LlamaError
@@ -53,8 +54,9 @@ __all__ = ["AUTO_DRAFT_CAP", "ContextLengthError", "SequenceState", "Speculative
 FinishReason = Literal["stop", "length", "removed"]
 
 #: The longest draft ``draft_max="auto"`` may choose unless ``draft_cap`` says otherwise.
-#: It also sizes the recurrent-state snapshots (``n_rs_seq``) of every sequence, so a
-#: larger cap costs memory: one extra copy of the recurrent state per draft position.
+#: With ``rollback="snapshots"`` it also sizes the recurrent-state snapshots (``n_rs_seq``)
+#: of every sequence, so a larger cap costs memory: one more copy of the recurrent state
+#: per draft position.
 AUTO_DRAFT_CAP = 6
 #: Catch-up rows per flush whose MTP predictions are read as acceptance evidence
 #: for sequences that are not drafting (see ``SpeculativeEngine._shadow_evidence``).
@@ -67,6 +69,11 @@ CATCH_UP_QUEUE = 32
 #: Only on models whose positions may skip ahead (multi-section RoPE: Qwen3.5 and kin).
 SKIP_IDLE = 16
 SKIP_KEEP = 8
+
+
+def _offloads(model: Model) -> bool:
+    """Whether the model's layers may run on a GPU (a GPU build, layers not kept on the CPU)."""
+    return bool(calls.capabilities()["gpu_offload"]) and model.params.n_gpu_layers != 0
 
 
 class ContextLengthError(LlamaError, ValueError):
@@ -156,9 +163,18 @@ class SpeculativeEngine:
     sequence's draft length (and sizes the recurrent-state snapshots that make
     rollback cheap); with ``draft_max="auto"`` each sequence's length is chosen per
     step in 0 .. ``draft_cap`` (default :data:`AUTO_DRAFT_CAP`). ``mtp=False`` runs
-    plain decoding (or n-gram drafting only) on models without an MTP head. ``rollback="checkpoint"`` forces the
-    checkpoint + replay path even where snapshots would do (for tests and
-    benchmarks).
+    plain decoding (or n-gram drafting only) on models without an MTP head.
+
+    ``rollback`` says how a rejected draft is undone on recurrent (Gated-DeltaNet)
+    memory: ``"snapshots"`` keeps llama.cpp's per-token state snapshots
+    (``n_rs_seq``), which every decode pays for, drafting or not; ``"checkpoint"``
+    keeps none, saves the recurrent state of each drafting sequence before the
+    verify, and after a rejection restores it and replays the accepted tokens in
+    the next verify. ``"auto"`` (default): checkpoints for several sequences with
+    ``draft_max="auto"`` on a CPU-only run -- there the snapshots cost every decode
+    6..9% (more on multi-row verifies), and the policy drafts only where the saves
+    and replays pay -- snapshots otherwise (a fixed draft length cannot avoid
+    replays where drafts are often rejected). See bench/README.md.
     """
 
     def __init__(
@@ -175,7 +191,7 @@ class SpeculativeEngine:
         params: ContextParams | None = None,
         spec: SpecParams | None = None,
         sampling: SamplingParams | None = None,
-        rollback: Literal["auto", "checkpoint"] = "auto",
+        rollback: Literal["auto", "snapshots", "checkpoint"] = "auto",
     ) -> None:
         if isinstance(max_sequences, bool) or not isinstance(max_sequences, int) or max_sequences < 1:
             raise ValueError(f"max_sequences must be a positive integer, got {max_sequences!r}")
@@ -187,8 +203,8 @@ class SpeculativeEngine:
         cap = draft_cap if draft_cap is not None else (draft_max if isinstance(draft_max, int) else AUTO_DRAFT_CAP)
         if isinstance(cap, bool) or not isinstance(cap, int) or not 0 <= cap <= 64:
             raise ValueError(f"draft_cap must be an integer in 0..64, got {cap!r}")
-        if rollback not in ("auto", "checkpoint"):
-            raise ValueError("rollback must be 'auto' or 'checkpoint'")
+        if rollback not in ("auto", "snapshots", "checkpoint"):
+            raise ValueError("rollback must be 'auto', 'snapshots' or 'checkpoint'")
         self._closed = False
         self.model = model
         self.default_spec = spec or SpecParams(draft_max=draft_max)
@@ -197,9 +213,13 @@ class SpeculativeEngine:
         self.draft_max = draft_max
         self.policy = DraftPolicy(draft_max)
         self._acc_pool = Acceptance(max(1, draft_max))  # every sequence's MTP verifies: new sequences' prior
-        self.rollback = rollback
         self.max_sequences = max_sequences
         base = params or ContextParams()
+        if rollback == "auto":
+            adaptive = self.default_spec.draft_max == "auto"  # the policy prices replays; a fixed k cannot
+            rollback = "checkpoint" if adaptive and max_sequences > 1 and not _offloads(model) else "snapshots"
+        #: how rejected drafts are undone: "snapshots" or "checkpoint" (``rollback="auto"`` resolved)
+        self.rollback: Literal["snapshots", "checkpoint"] = rollback
         need = max_sequences * (draft_max + 1)
         n_batch = n_batch or max(512, need)
         if n_batch < need:
@@ -208,7 +228,7 @@ class SpeculativeEngine:
         n_ubatch = min(n_batch, base.n_ubatch or 512)
         if n_ubatch < draft_max + 1:
             n_ubatch = draft_max + 1
-        n_rs = draft_max if rollback == "auto" else 0
+        n_rs = draft_max if rollback == "snapshots" else 0
         self.target = Context(
             model,
             base.replace(n_ctx=n_ctx * max_sequences, n_seq_max=max_sequences, n_batch=n_batch,
@@ -227,6 +247,7 @@ class SpeculativeEngine:
         self.ngram = NgramDrafter()
         self._calibrated = False
         self._exact = self.target._exact_rollback  # attention-only memory: seq_rm always works
+        self.policy.replays = rollback == "checkpoint" and not self._exact
         self._batch = Batch(self.target.n_batch)
         self._seqs: dict[int, _Seq] = {}
         self._done: dict[int, SequenceState] = {}
@@ -466,6 +487,11 @@ class SpeculativeEngine:
         k = max(self._mtp_k(q), q.spec.ngram_max if q.spec.ngram else 0)
         k = min(k, q.max_tokens - len(q.state.tokens) - 1)      # never draft past max_tokens
         k = min(k, self.n_ctx_seq - 1 - q.pos0)                 # nor past the context
+        if q.kv_pos < q.pos0 and not self._exact:
+            # a replay rides in this verify: a checkpoint taken before it would not hold the
+            # replayed tokens, so a rejection would replay them again, and again (drafts the
+            # snapshots can undo are fine)
+            k = min(k, self.target.n_rs_seq)
         return max(0, k)
 
     def step(self) -> list[StepEvent]:
@@ -540,6 +566,16 @@ class SpeculativeEngine:
                         self.target.decode(b)
                     pts.append((n * per, timed(verify, 2 if n * per <= 8 else 1)))
                 self.policy.costs.verify.calibrate(n_seqs, pts)
+            if self.policy.replays:  # what a checkpoint draft's save and a rejection's restore cost
+                saves, restores = [], []
+                for _ in range(3):  # the first one also allocates the buffer it reuses: the best counts
+                    t0 = time.perf_counter()
+                    ck = self.target.checkpoint(0, partial=True, reuse=True)
+                    t1 = time.perf_counter()
+                    self.target.restore(ck)
+                    saves.append(t1 - t0)
+                    restores.append(time.perf_counter() - t1)
+                self.policy.costs.save, self.policy.costs.restore = min(saves), min(restores)
             h = np.zeros(d.hidden_dim, dtype=np.float32)
             dpts = []
             for n in sorted({x for x in (1, 2, 4, 8, 16, 32, 64, 128, 256) if x <= self.max_sequences}
@@ -644,8 +680,10 @@ class SpeculativeEngine:
             t0 = time.perf_counter()
             for q in runnable:
                 if len(drafts[q.seq]) > self.target.n_rs_seq:
-                    ckpts[q.seq] = self.target.checkpoint(q.seq, partial=True)
-            self.stats.restore_s += time.perf_counter() - t0
+                    ckpts[q.seq] = self.target.checkpoint(q.seq, partial=True, reuse=True)
+            dt = time.perf_counter() - t0
+            self.stats.restore_s += dt
+            self.policy.costs.observe_save(len(ckpts), dt)
 
         # 4. verify: one target decode for everyone
         b = self._batch
@@ -704,7 +742,9 @@ class SpeculativeEngine:
                         raise LlamaError(f"rollback of sequence {q.seq} refused and no checkpoint was taken")
                     t0 = time.perf_counter()
                     self.target.restore(ck)
-                    self.stats.restore_s += time.perf_counter() - t0
+                    dt = time.perf_counter() - t0
+                    self.stats.restore_s += dt
+                    self.policy.costs.observe_restore(dt)
                     q.kv_pos = ck.pos_max + 1  # the accepted tokens are replayed with the next verify
                     q.state.stats.checkpoint_restores += 1
             else:

@@ -25,6 +25,11 @@ only where the evidence has faded: while the engine's shadow guesses (what the M
 head predicted on catch-up rows) keep coming, the optimistic estimate decides. A
 new sequence starts from the acceptance the engine has seen lately
 (:meth:`Acceptance.inherit`), not from the prior.
+
+On a context without rollback snapshots (``replays``: the engine's
+``rollback="checkpoint"``) a draft also costs a checkpoint of the sequence's state,
+and a rejection its restore plus the replayed rows (accepted tokens and the last
+one) in the next verify: ``E[rows replayed] = sum_j P(first rejection at j) (j + 1)``.
 """
 
 from __future__ import annotations
@@ -187,6 +192,21 @@ class CostModel:
     #: draft feeds the MTP context in cheaper batches (or skips); never below ``draft``
     first: PiecewiseCost = field(default_factory=lambda: PiecewiseCost(0.004, 0.001))
 
+    #: checkpoint rollback (a context without snapshots): seconds to save one drafting
+    #: sequence's recurrent state before the verify, and to restore it after a rejection
+    #: (whose accepted tokens are then replayed in the next verify)
+    save: float = 0.0
+    restore: float = 0.0
+
+    def observe_save(self, n: int, seconds: float) -> None:
+        if n > 0 and seconds > 0.0:
+            x = seconds / n
+            self.save = x if self.save == 0.0 else 0.8 * self.save + 0.2 * x
+
+    def observe_restore(self, seconds: float) -> None:
+        if seconds > 0.0:
+            self.restore = seconds if self.restore == 0.0 else 0.8 * self.restore + 0.2 * seconds
+
     def observe_first(self, n: int, seconds: float) -> None:
         """A drafting step's first MTP decode took ``seconds`` with ``n`` drafting
         sequences. An unmeasured count starts from the pure draft cost, so one slow
@@ -230,14 +250,22 @@ class Acceptance:
         Each position shrinks towards the one before it (position 0 towards the
         prior), so a depth with little evidence of its own follows the shallower ones.
         """
-        est = self.prior
-        for j in range(min(i, len(self.hits) - 1) + 1):
-            est = (self.hits[j] + self.pseudo * est) / (self.tries[j] + self.pseudo)
-        return est
+        return self.alphas(i + 1)[i]
 
     def optimistic(self, i: int) -> float:
-        j = min(i, len(self.hits) - 1)
-        return min(1.0, self.alpha(j) + self.bonus / math.sqrt(self.tries[j] + 1.0))
+        return self.alphas(i + 1, optimistic=True)[i]
+
+    def alphas(self, n: int, optimistic: bool = False) -> list[float]:
+        """``alpha(0 .. n-1)`` (or the optimistic estimates) in one pass over the evidence."""
+        out: list[float] = []
+        est = self.prior
+        last = len(self.hits) - 1
+        for i in range(n):
+            j = min(i, last)
+            if i <= last:
+                est = (self.hits[j] + self.pseudo * est) / (self.tries[j] + self.pseudo)
+            out.append(min(1.0, est + self.bonus / math.sqrt(self.tries[j] + 1.0)) if optimistic else est)
+        return out
 
     def inherit(self, other: Acceptance, weight: float = 8.0) -> None:
         """Start from ``other``'s evidence, scaled to at most ``weight`` tries per position:
@@ -271,12 +299,27 @@ class Acceptance:
 
     def expected_tokens(self, k: int, optimistic: bool = False) -> float:
         """Tokens one verify emits with a k-token draft: 1 + E[accepted]."""
-        total, run = 1.0, 1.0
-        f = self.optimistic if optimistic else self.alpha
-        for i in range(k):
-            run *= f(i)
+        return self.expected_table(k, optimistic)[k]
+
+    def rejection_table(self, k_max: int) -> list[tuple[float, float]]:
+        """For k = 0 .. k_max: (P(a k-token draft is not taken whole), E[tokens accepted
+        plus one, over the drafts that are not]) -- what a checkpoint rollback restores,
+        and replays in the next verify."""
+        out, run, rows = [(0.0, 0.0)], 1.0, 0.0
+        for j, a in enumerate(self.alphas(k_max)):
+            rows += run * (1.0 - a) * (j + 1)  # rejected at position j: j accepted + id_last replayed
+            run *= a
+            out.append((1.0 - run, rows))
+        return out
+
+    def expected_table(self, k_max: int, optimistic: bool = False) -> list[float]:
+        """``expected_tokens(k)`` for k = 0 .. k_max, in one pass."""
+        out, total, run = [1.0], 1.0, 1.0
+        for a in self.alphas(k_max, optimistic):
+            run *= a
             total += run
-        return total
+            out.append(total)
+        return out
 
 
 class DraftPolicy:
@@ -294,6 +337,10 @@ class DraftPolicy:
         # unless evidence still comes in without drafting (the engine's shadow guesses
         # keep ``tries[0]`` near 2..4): then the optimistic estimate alone decides
         self.fresh_evidence = 1.0
+        #: rejected drafts are undone by restoring a checkpoint and replaying (no snapshots):
+        #: a draft then also costs its checkpoint, and a rejection its restore and replay rows
+        self.replays = False
+        self._rej: list[list[tuple[float, float]]] | None = None
         self.estimated_tok_s = 0.0
         self.measured_tok_s = 0.0
         self._ew = 0.9
@@ -316,7 +363,8 @@ class DraftPolicy:
         caps = [cands[s][0] for s in seqs]
         fixed = [cands[s][2] for s in seqs]
         auto = [i for i, f in enumerate(fixed) if f is None]
-        tables = [[cands[s][1].expected_tokens(k) for k in range(c + 1)] for s, c in zip(seqs, caps)]
+        tables = [cands[s][1].expected_table(c) for s, c in zip(seqs, caps)]
+        self._rej = [cands[s][1].rejection_table(c) for s, c in zip(seqs, caps)] if self.replays else None
         ks, best = self._search(caps, fixed, auto, tables)
         # hysteresis: keep last step's lengths unless the new ones are clearly better
         prev = [min(self._last.get(s, -1), caps[i]) if fixed[i] is None else ks[i] for i, s in enumerate(seqs)]
@@ -327,8 +375,7 @@ class DraftPolicy:
         waiting = [i for i in auto
                    if ks[i] == 0 and caps[i] > 0 and cands[seqs[i]][3] >= self.probe_wait(cands[seqs[i]][1])]
         if waiting:
-            opt_tables = [[cands[s][1].expected_tokens(k, optimistic=True) for k in range(c + 1)]
-                          for s, c in zip(seqs, caps)]
+            opt_tables = [cands[s][1].expected_table(c, optimistic=True) for s, c in zip(seqs, caps)]
             opt, _ = self._search(caps, fixed, auto, opt_tables)
             for i in waiting:
                 acc, idle = cands[seqs[i]][1], cands[seqs[i]][3]
@@ -345,11 +392,27 @@ class DraftPolicy:
         return min(self.probe_every, self.probe_gap * 2 ** max(0, min(acc.fails - 1, 8)))
 
     def _rate(self, ks: list[int], tables: list[list[float]]) -> float:
-        key = tuple(ks)  # one choose() prices the same layouts several times: once is enough
+        key = tuple(sorted(ks))  # a step costs the same whichever sequence drafts what: price each layout once
         secs = self._secs.get(key)
         if secs is None:
             secs = self._secs[key] = self.costs.step_seconds(ks)
+        if self._rej is not None and len(self._rej) == len(ks):
+            secs += self._rollback_seconds(ks, self._rej)
         return sum(t[k] for t, k in zip(tables, ks)) / secs
+
+    def _rollback_seconds(self, ks: list[int], rej: list[list[tuple[float, float]]]) -> float:
+        """Expected cost of checkpoint rollback for these draft lengths: a save per
+        drafting sequence, a restore per rejection, the replayed rows in the next verify."""
+        c = self.costs
+        drafting = [i for i, k in enumerate(ks) if k > 0]
+        if not drafting:
+            return 0.0
+        n = len(ks)
+        rows = sum(1 + k for k in ks)
+        per_row = max(0.0, (c.verify(n, rows + n) - c.verify(n, rows)) / n)
+        p_rej = sum(rej[i][ks[i]][0] for i in drafting)
+        replay = sum(rej[i][ks[i]][1] for i in drafting)
+        return len(drafting) * c.save + p_rej * c.restore + replay * per_row
 
     def _search(self, caps: list[int], fixed: list[int | None], auto: list[int],
                 tables: list[list[float]]) -> tuple[list[int], float]:

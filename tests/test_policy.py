@@ -254,3 +254,21 @@ def test_checkpoint_rollback_is_priced() -> None:
     # the same for four sequences sharing the batch
     ks = p.choose({s: (6, acc(0.6), None, 0) for s in range(4)})
     assert all(k < base for k in ks.values())
+
+
+def test_per_step_overhead_favours_longer_steps() -> None:
+    """A step's fixed cost outside decodes (Python, sampling) is paid once whatever the
+    drafts: on a tiny model, where it is as large as a decode, it makes drafting pay
+    at an acceptance where decode costs alone say it cannot."""
+    def tiny() -> DraftPolicy:
+        p = DraftPolicy(6)
+        p.costs.verify.calibrate(1, [(r, 0.0005 + 0.00003 * r) for r in range(1, 8)])
+        p.costs.draft.calibrate([(1, 0.0005)])
+        return p
+    assert tiny().choose({0: (6, acc(0.85), None, 0)}) == {0: 0}
+    p = tiny()
+    for _ in range(20):
+        p.costs.observe_overhead(0.0008)
+    assert p.costs.overhead == pytest.approx(0.0008)
+    assert p.choose({0: (6, acc(0.85), None, 0)})[0] > 0
+    assert p.choose({0: (6, acc(0.0), None, 0)}) == {0: 0}  # nothing lands: still no draft

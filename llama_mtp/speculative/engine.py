@@ -507,6 +507,8 @@ class SpeculativeEngine:
             seqs = [q for q in self._seqs.values() if not q.state.finished]
             if not seqs:
                 return []
+            st = self.stats
+            decodes0 = st.verify_s + st.draft_s + st.catch_up_s + st.restore_s + st.prefill_s
             try:
                 events = self._step(seqs)
             except BaseException:
@@ -515,7 +517,11 @@ class SpeculativeEngine:
             finally:
                 self.stats.step_s += time.perf_counter() - t_step
             self.stats.steps += 1
-            self.policy.observe_step(sum(len(e.tokens) for e in events), time.perf_counter() - t_step)
+            wall = time.perf_counter() - t_step
+            decodes = st.verify_s + st.draft_s + st.catch_up_s + st.restore_s + st.prefill_s - decodes0
+            if self.drafter is not None:
+                self.policy.costs.observe_overhead(wall - decodes)
+            self.policy.observe_step(sum(len(e.tokens) for e in events), wall)
             self.stats.estimated_tok_s = self.policy.estimated_tok_s
             self.stats.measured_tok_s = self.policy.measured_tok_s
             return events

@@ -197,6 +197,13 @@ class CostModel:
     #: (whose accepted tokens are then replayed in the next verify)
     save: float = 0.0
     restore: float = 0.0
+    #: seconds a step spends outside decodes (Python, sampling, bookkeeping): paid once
+    #: per step whatever its draft lengths -- next to a small model's decodes, not small
+    overhead: float = 0.0
+
+    def observe_overhead(self, seconds: float) -> None:
+        if seconds > 0.0:
+            self.overhead = seconds if self.overhead == 0.0 else 0.9 * self.overhead + 0.1 * seconds
 
     def observe_save(self, n: int, seconds: float) -> None:
         if n > 0 and seconds > 0.0:
@@ -216,7 +223,7 @@ class CostModel:
         self.first.observe(n, seconds)
 
     def step_seconds(self, ks: list[int]) -> float:
-        t = self.verify(len(ks), sum(1 + k for k in ks))
+        t = self.overhead + self.verify(len(ks), sum(1 + k for k in ks))
         for i in range(max(ks, default=0)):
             n = sum(1 for k in ks if k > i)
             # the first decode carries the same outputs as a pure one, and more rows

@@ -341,12 +341,14 @@ class Context:
             self.memory._check_seq(seq)
             clear_log()
             flags = calls.STATE_PARTIAL_ONLY if partial else calls.STATE_FULL
+            data: bytes | npt.NDArray[np.uint8] | None = None
             if reuse:
                 buf = self._ckpt_bufs.get(seq)
                 need = calls.state_seq_size(ptr, seq, flags)
                 if buf is None or buf.size < need:
                     buf = self._ckpt_bufs[seq] = np.empty(need + need // 8, dtype=np.uint8)  # room to grow
-                data = calls.state_seq_get(ptr, seq, flags, out=buf)
+                n = calls.state_seq_get_into(ptr, seq, flags, buf, need) if need else 0
+                data = buf[:n] if n else None
             else:
                 data = calls.state_seq_get(ptr, seq, flags)
             if data is None:

@@ -504,21 +504,19 @@ def state_seq_size(ctx: CData, seq: int, flags: int) -> int:
     return int(lib.llama_state_seq_get_size_ext(ctx, seq, flags))
 
 
-def state_seq_get(ctx: CData, seq: int, flags: int,
-                  out: npt.NDArray[np.uint8] | None = None) -> bytes | npt.NDArray[np.uint8] | None:
-    """A sequence's serialized state: as bytes, or -- given ``out`` large enough -- written
-    into ``out`` and returned as a view of it (no allocation: a fresh multi-megabyte
-    buffer costs more in page faults than the copy itself)."""
+def state_seq_get_into(ctx: CData, seq: int, flags: int, buf: npt.NDArray[np.uint8], size: int) -> int:
+    """Serialize a sequence's state (``size`` bytes, from :func:`state_seq_size`) into ``buf``;
+    the bytes written, 0 on failure."""
+    return int(lib.llama_state_seq_get_data_ext(ctx, ffi.from_buffer("uint8_t[]", buf), size, seq, flags))
+
+
+def state_seq_get(ctx: CData, seq: int, flags: int) -> bytes | None:
     size = state_seq_size(ctx, seq, flags)
     if size == 0:
         return None
-    reuse = out is not None and out.size >= size
-    buf = out if reuse else np.empty(size, dtype=np.uint8)
-    assert buf is not None
-    n = int(lib.llama_state_seq_get_data_ext(ctx, ffi.from_buffer("uint8_t[]", buf), size, seq, flags))
-    if n == 0:
-        return None
-    return buf[:n] if reuse else buf[:n].tobytes()
+    buf = np.empty(size, dtype=np.uint8)
+    n = state_seq_get_into(ctx, seq, flags, buf, size)
+    return None if n == 0 else buf[:n].tobytes()
 
 
 def state_seq_set(ctx: CData, data: bytes | npt.NDArray[np.uint8], seq: int, flags: int) -> int:

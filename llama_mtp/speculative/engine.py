@@ -508,7 +508,7 @@ class SpeculativeEngine:
             if not seqs:
                 return []
             st = self.stats
-            decodes0 = st.verify_s + st.draft_s + st.catch_up_s + st.restore_s + st.prefill_s
+            native0 = st.decode_s + st.prefill_s  # a step may replay a sequence's prompt (recovery)
             try:
                 events = self._step(seqs)
             except BaseException:
@@ -518,9 +518,8 @@ class SpeculativeEngine:
                 self.stats.step_s += time.perf_counter() - t_step
             self.stats.steps += 1
             wall = time.perf_counter() - t_step
-            decodes = st.verify_s + st.draft_s + st.catch_up_s + st.restore_s + st.prefill_s - decodes0
             if self.drafter is not None:
-                self.policy.costs.observe_overhead(wall - decodes)
+                self.policy.costs.observe_overhead(wall - (st.decode_s + st.prefill_s - native0))
             self.policy.observe_step(sum(len(e.tokens) for e in events), wall)
             self.stats.estimated_tok_s = self.policy.estimated_tok_s
             self.stats.measured_tok_s = self.policy.measured_tok_s

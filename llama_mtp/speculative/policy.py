@@ -40,6 +40,13 @@ from dataclasses import dataclass, field
 __all__ = ["Acceptance", "CostModel", "DraftPolicy", "LinearCost", "PiecewiseCost", "VerifyCost"]
 
 
+def _ewma(old: float, x: float, weight: float) -> float:
+    """An exponentially weighted mean of positive samples (0.0: nothing seen yet)."""
+    if x <= 0.0:
+        return old
+    return x if old == 0.0 else (1.0 - weight) * old + weight * x
+
+
 class LinearCost:
     """``seconds = a + b * rows``: exponentially weighted least squares (with a prior)."""
 
@@ -202,17 +209,14 @@ class CostModel:
     overhead: float = 0.0
 
     def observe_overhead(self, seconds: float) -> None:
-        if seconds > 0.0:
-            self.overhead = seconds if self.overhead == 0.0 else 0.9 * self.overhead + 0.1 * seconds
+        self.overhead = _ewma(self.overhead, seconds, 0.1)
 
     def observe_save(self, n: int, seconds: float) -> None:
-        if n > 0 and seconds > 0.0:
-            x = seconds / n
-            self.save = x if self.save == 0.0 else 0.8 * self.save + 0.2 * x
+        if n > 0:
+            self.save = _ewma(self.save, seconds / n, 0.2)
 
     def observe_restore(self, seconds: float) -> None:
-        if seconds > 0.0:
-            self.restore = seconds if self.restore == 0.0 else 0.8 * self.restore + 0.2 * seconds
+        self.restore = _ewma(self.restore, seconds, 0.2)
 
     def observe_first(self, n: int, seconds: float) -> None:
         """A drafting step's first MTP decode took ``seconds`` with ``n`` drafting

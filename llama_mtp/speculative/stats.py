@@ -117,9 +117,14 @@ class EngineStats:
     measured_tok_s: float = 0.0      # what steps actually delivered (exponentially weighted)
 
     @property
+    def decode_s(self) -> float:
+        """Time in step() spent inside llama.cpp: decodes, checkpoint saves and restores."""
+        return self.draft_s + self.verify_s + self.catch_up_s + self.restore_s
+
+    @property
     def python_s(self) -> float:
         """Time in step() not spent inside llama.cpp (sampling, bookkeeping, batch building)."""
-        return max(0.0, self.step_s - self.draft_s - self.verify_s - self.catch_up_s - self.restore_s)
+        return max(0.0, self.step_s - self.decode_s)
 
     @property
     def python_share(self) -> float:

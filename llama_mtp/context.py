@@ -175,6 +175,12 @@ class Context:
     n_outputs_max = property(lambda self: int(self._n_outputs_max), doc="most outputs one decode may ask for")
 
     @property
+    def kv_unified(self) -> bool:
+        """One KV stream shared by every sequence (llama.cpp's default: one per sequence)."""
+        v = self.params.kv_unified
+        return bool(calls.context_default_params()["kv_unified"] if v is None else v)
+
+    @property
     def n_threads(self) -> tuple[int, int]:
         return self._info["n_threads"], self._info["n_threads_batch"]
 

@@ -13,6 +13,7 @@ import pytest
 import llama_mtp as lm
 from helpers import chi2_two_sample, greedy_reference
 from llama_mtp.speculative import ContextLengthError, SpeculativeEngine
+from llama_mtp.speculative.engine import REPLAY_DRAFT_MAX
 from llama_mtp.tiny import write_tiny_model
 
 GREEDY = lm.SamplingParams.greedy_params()
@@ -87,10 +88,11 @@ def test_lossless_greedy(model_path, name: str, draft_max: int | str, n_seq: int
 @pytest.mark.skipif(lm.build_info()["capabilities"]["gpu_offload"], reason="the CPU-only choice")
 @pytest.mark.parametrize("draft_max", [1, 3])
 def test_checkpoint_replays_stay_bounded(model_path, draft_max: int) -> None:
-    """After a checkpoint restore the accepted tokens are replayed in the next verify; a
-    sequence does not draft past its snapshots in that verify (a checkpoint taken before
-    it would not hold the replay, and every rejection would replay it again: replays
-    growing by one token a step at 0% acceptance). Output stays exact."""
+    """After a checkpoint restore the accepted tokens are replayed in the next verify. A
+    checkpoint taken before it does not hold the replay, so a rejection there replays it
+    again, and more: a sequence whose replay is longer than REPLAY_DRAFT_MAX drafts no
+    further than its snapshots in that verify (unbounded, replays grew by a token a
+    step at 0% acceptance). Output stays exact."""
     path = str(model_path("random"))
     model = _models(path)
     prompts = [model.tokenize(t) for t in PROMPTS[:3]]
@@ -104,7 +106,9 @@ def test_checkpoint_replays_stay_bounded(model_path, draft_max: int) -> None:
         got = [eng.sequence(i).tokens for i in ids]
         stats = eng.stats.spec
     assert stats.checkpoint_restores > 5 and stats.num_drafts > 5
-    assert longest <= draft_max + 1  # one rejected step's accepted tokens + id_last, never more
+    # a replay drafted over, plus one rejected step's accepted tokens and id_last; never more
+    # (at 0% acceptance every draft is rejected: replays grow until one is too long to draft over)
+    assert draft_max + 1 < longest <= REPLAY_DRAFT_MAX + draft_max + 1
     for p, g in zip(prompts, got):
         assert g == reference(path, tuple(p), 30)
 

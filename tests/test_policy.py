@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llama_mtp.speculative.policy import Acceptance, DraftPolicy, PiecewiseCost
+from llama_mtp.speculative.policy import Acceptance, Candidate, DraftPolicy, PiecewiseCost, equal_split
 
 
 def memory_bound() -> DraftPolicy:
@@ -76,6 +76,49 @@ def test_step_cost_ignores_which_sequence_drafts_what() -> None:
     p = compute_bound()
     for ks in ([3, 0, 1, 0], [0, 1, 0, 3], [1, 3, 0, 0]):
         assert p.costs.step_seconds(ks) == pytest.approx(p.costs.step_seconds([0, 0, 1, 3]))
+
+
+@pytest.mark.parametrize("rows, tail, want", [
+    ([1, 1, 1, 1], 0, [(4, 1)]),
+    ([2, 2, 2, 2], 0, [(4, 2)]),
+    ([2, 1, 1, 1], 0, [(4, 1), (1, 1)]),           # one drafter: a second pass for its extra row
+    ([1, 1, 1, 2], 0, [(4, 1), (1, 1)]),
+    ([3, 1, 1, 1], 0, [(4, 1), (1, 2)]),
+    ([2, 2, 1, 1], 0, [(4, 1), (2, 1)]),
+    ([2, 1, 2, 1], 0, [(4, 1), (1, 1), (1, 1)]),   # only consecutive sequence ids share a pass
+    ([1, 1, 1, 1], 7, [(4, 1)]),
+    ([2, 1, 1, 1], 7, [(1, 2), (3, 1)]),           # snapshots: a sequence's tail stays whole
+    ([1, 1, 1, 2], 7, [(3, 1), (1, 2)]),
+    ([2, 2, 1, 1], 7, [(1, 2), (1, 2), (2, 1)]),
+    ([20, 20], 0, [(2, 8), (2, 8), (2, 4)]),        # n_ubatch 16
+])
+def test_equal_split_follows_llama_cpp(rows: list[int], tail: int, want: list[tuple[int, int]]) -> None:
+    """The micro-batches of llama.cpp's split_equal (llama-batch.cpp), simulated; the
+    timings behind them were measured on the benchmark model (bench/README.md): a
+    [2, 1, 1, 1] verify costs what [2, 2, 2, 2] does."""
+    n_ubatch = 16 if rows == [20, 20] else 512
+    assert equal_split(list(enumerate(rows)), n_ubatch, keep_tail=tail) == want
+    assert equal_split([(0, 1), (2, 1), (3, 1)], 512) == [(1, 1), (2, 1)]  # a gap in the ids
+    assert equal_split([(0, 1), (2, 1), (3, 1)], 512, sequential=False) == [(3, 1)]
+
+
+def test_uneven_layouts_are_priced_by_their_passes() -> None:
+    """On recurrent memory a lone drafter makes the verify two passes over the weights: the
+    policy prices that, and where a pass costs far more than a row (a memory-bound decode)
+    keeps every sequence's rows level instead of letting one draft alone."""
+    def policy(split: bool) -> DraftPolicy:
+        p = memory_bound()
+        p.costs.split = (512, True, 0) if split else None
+        return p
+    p = policy(True)
+    c = p.costs
+    assert c.step_seconds([1, 0, 0, 0]) == pytest.approx(c.verify(4, 4) + c.verify(1, 1) + c.draft(1))
+    assert policy(False).costs.step_seconds([1, 0, 0, 0]) == pytest.approx(c.verify(4, 5) + c.draft(1))
+    cands = {0: (6, acc(0.9), None, 0), **{s: (6, acc(0.3), None, 0) for s in (1, 2, 3)}}
+    alone = policy(False).choose(cands)
+    assert alone[0] > max(alone[s] for s in (1, 2, 3))  # rows are cheap: the good drafter drafts longer
+    level = policy(True).choose(cands)
+    assert len(set(level.values())) == 1, level  # one pass: everyone drafts the same length
 
 
 def test_chooses_zero_when_drafting_cannot_pay() -> None:
@@ -254,6 +297,64 @@ def test_checkpoint_rollback_is_priced() -> None:
     # the same for four sequences sharing the batch
     ks = p.choose({s: (6, acc(0.6), None, 0) for s in range(4)})
     assert all(k < base for k in ks.values())
+
+
+def test_a_tie_does_not_draft() -> None:
+    """Drafting must promise ``margin`` more than not drafting (the costs are noisy
+    estimates, and drafting costs more than they see): a 2% edge drafts nothing, a
+    clear one drafts -- and a sequence already drafting stops once its edge is gone,
+    whatever the hysteresis."""
+    def policy(margin: float) -> DraftPolicy:
+        p = DraftPolicy(1, margin=margin)
+        p.costs.verify.calibrate(1, [(1, 0.020), (2, 0.030)])
+        p.costs.draft.calibrate([(1, 0.005)])
+        return p
+    tie = acc(0.785, k=1)  # k = 1: 1.785 tokens in 35 ms, 51 tok/s against 50
+    assert policy(0.0).choose({0: (1, tie, None, 0)}) == {0: 1}
+    assert policy(0.03).choose({0: (1, tie, None, 0)}) == {0: 0}
+    assert policy(0.03).choose({0: (1, acc(0.95, k=1), None, 0)}) == {0: 1}  # 55.7 tok/s: drafts
+    p = policy(0.03)
+    assert p.choose({0: (1, acc(0.95, k=1), None, 0)}) == {0: 1}
+    assert p.choose({0: (1, tie, None, 0)}) == {0: 0}  # the hysteresis does not keep a tie drafting
+
+
+def test_idle_steps_search_again_every_few_steps() -> None:
+    """After a search that drafts nothing, the next ``quiet_steps`` steps of the same
+    sequences reuse it (the estimates move by a half-life of dozens of steps); the one
+    after searches again, and so does any step with a due probe, a replay or a new
+    sequence."""
+    p = compute_bound()
+    calls = []
+    search = p._search
+    p._search = lambda *a, **k: (calls.append(1), search(*a, **k))[1]  # type: ignore[method-assign]
+    a = Acceptance(6, prior=0.05, pseudo=1e12)
+    for step in range(9):
+        assert p.choose({0: (6, a, None, step % 8)}) == {0: 0}  # never due a probe (the first waits 8)
+    assert len(calls) == 3  # steps 0, 4 and 8
+    a.prior = 1.0  # the text turns predictable: seen within quiet_steps + 1 steps
+    got = [p.choose({0: (6, a, None, 0)})[0] for _ in range(p.quiet_steps + 1)]
+    assert got[-1] > 0 and got[:-1] == [0] * p.quiet_steps
+    p.choose({0: (6, Acceptance(6, prior=0.05, pseudo=1e12), None, 0)})  # another sequence: a search
+    n = len(calls)
+    assert p.choose({0: Candidate(6, a, None, 0, backlog=1)})[0] > 0 and len(calls) > n
+
+
+def test_a_pending_replay_is_priced() -> None:
+    """Without snapshots a rejection restores the state from before this verify's
+    replayed tokens, so they are replayed again: a sequence carrying a replay drafts
+    shorter (and not at all once the replay costs more than the draft can win), and
+    one with nothing to replay is unaffected."""
+    p = memory_bound()
+    p.replays = True
+    p.costs.observe_save(1, 0.001)
+    p.costs.observe_restore(0.001)
+    p.costs.verify.calibrate(1, [(r, 0.010 + 0.004 * r) for r in (1, 2, 4, 8, 16, 32)])
+    ks = [p.choose({0: Candidate(6, acc(0.7), None, 0, backlog)})[0] for backlog in (0, 2, 4, 40)]
+    assert ks[0] > 0 and ks == sorted(ks, reverse=True) and ks[-1] == 0
+    assert p.choose({0: (6, acc(0.7), None, 0)})[0] == ks[0]  # a plain tuple: no backlog
+    assert p.choose({0: Candidate(6, acc(1.0), None, 0, 40)})[0] == 6  # never rejected: nothing replayed again
+    p.replays = False  # snapshots undo a rejection in place: the replay is paid once, whatever the draft
+    assert p.choose({0: Candidate(6, acc(0.7), None, 0, 40)})[0] == p.choose({0: (6, acc(0.7), None, 0)})[0]
 
 
 def test_per_step_overhead_favours_longer_steps() -> None:

@@ -42,7 +42,7 @@ from ..params import ContextParams, SamplingParams, SpecParams
 from ..sampling import Sampler
 from .mtp import DraftRequest, MTPDrafter
 from .ngram import NgramDrafter
-from .policy import Acceptance, DraftPolicy
+from .policy import Acceptance, Candidate, DraftPolicy
 from .stats import EngineStats, SpecStats
 from .verify import verify_greedy, verify_match, verify_rejection
 
@@ -69,6 +69,10 @@ CATCH_UP_QUEUE = 32
 #: Only on models whose positions may skip ahead (multi-section RoPE: Qwen3.5 and kin).
 SKIP_IDLE = 16
 SKIP_KEEP = 8
+#: Without snapshots (checkpoint rollback), a sequence whose verify carries more replayed
+#: tokens than this drafts nothing in it: a rejection restores the state from before the
+#: replay, which then grows (the policy prices replaying it again; this bounds it).
+REPLAY_DRAFT_MAX = 4
 
 
 def _offloads(model: Model) -> bool:
@@ -248,6 +252,9 @@ class SpeculativeEngine:
         self._calibrated = False
         self._exact = self.target._exact_rollback  # attention-only memory: seq_rm always works
         self.policy.replays = rollback == "checkpoint" and not self._exact
+        if not self._exact:  # recurrent state: llama.cpp cuts uneven verifies into micro-batches
+            n_rs = self.target.n_rs_seq
+            self.policy.costs.split = (self.target.n_ubatch, not self.target.kv_unified, n_rs + 1 if n_rs else 0)
         self._batch = Batch(self.target.n_batch)
         self._seqs: dict[int, _Seq] = {}
         self._done: dict[int, SequenceState] = {}
@@ -487,10 +494,10 @@ class SpeculativeEngine:
         k = max(self._mtp_k(q), q.spec.ngram_max if q.spec.ngram else 0)
         k = min(k, q.max_tokens - len(q.state.tokens) - 1)      # never draft past max_tokens
         k = min(k, self.n_ctx_seq - 1 - q.pos0)                 # nor past the context
-        if q.kv_pos < q.pos0 and not self._exact:
-            # a replay rides in this verify: a checkpoint taken before it would not hold the
-            # replayed tokens, so a rejection would replay them again, and again (drafts the
-            # snapshots can undo are fine)
+        if q.pos0 - q.kv_pos > REPLAY_DRAFT_MAX and not self._exact:
+            # a long replay rides in this verify: a checkpoint taken before it would not hold
+            # the replayed tokens, so a rejection would replay them again, and more (drafts
+            # the snapshots can undo are fine)
             k = min(k, self.target.n_rs_seq)
         return max(0, k)
 
@@ -600,6 +607,8 @@ class SpeculativeEngine:
                     d.ctx.memory.seq_rm(s, -1, -1)
 
     def _step(self, seqs: list[_Seq]) -> list[StepEvent]:
+        # in sequence-id order: llama.cpp puts only runs of consecutive ids into one micro-batch
+        seqs = sorted(seqs, key=lambda q: q.seq)
         if not self._calibrated and any(q.spec.draft_max == "auto" for q in seqs):
             self._calibrate()  # only where a slot is free; engines with auto by default calibrated at birth
         rebuild = [q for q in seqs if q.rebuild]
@@ -629,17 +638,18 @@ class SpeculativeEngine:
         if self.drafter is None:  # nothing to choose (and no MTP acceptance to track)
             ks = {q.seq: len(ngram_d.get(q.seq, ())) for q in runnable}
         else:
-            cands: dict[int, tuple[int, Acceptance, int | None, int]] = {}
+            cands: dict[int, Candidate] = {}
             self._acc_pool.tick()
             for q in runnable:
                 assert q.acc is not None
                 q.acc.tick()
                 if q.seq in ngram_d:
                     n = len(ngram_d[q.seq])
-                    cands[q.seq] = (n, q.acc, n, 0)
+                    cands[q.seq] = Candidate(n, q.acc, n, 0, q.pos0 - q.kv_pos)
                 else:
                     cap = min(caps[q.seq], self._mtp_k(q))
-                    cands[q.seq] = (cap, q.acc, None if q.spec.draft_max == "auto" else cap, q.idle)
+                    cands[q.seq] = Candidate(cap, q.acc, None if q.spec.draft_max == "auto" else cap, q.idle,
+                                             q.pos0 - q.kv_pos)
             ks = self.policy.choose(cands)
         room = self.target.n_batch - sum(len(q.backlog) + 1 for q in runnable)
         while sum(ks.values()) > room:
@@ -706,7 +716,10 @@ class SpeculativeEngine:
         dt = time.perf_counter() - t0
         self.stats.verify_s += dt
         if self.drafter is not None:
-            self.policy.costs.verify.observe(len(runnable), b.n_tokens, dt)
+            layout = [1 + len(drafts[q.seq]) + q.pos0 - q.kv_pos for q in runnable]
+            ids = [q.seq for q in runnable]
+            if self.policy.costs.single_ubatch(layout, ids):  # the curves are of single decodes
+                self.policy.costs.verify.observe(len(runnable), b.n_tokens, dt)
         logits = self.target.logits_all()
         hidden = self.target.hidden_all() if self.drafter is not None else None
 

@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
-__all__ = ["Acceptance", "CostModel", "DraftPolicy", "LinearCost", "PiecewiseCost", "VerifyCost"]
+__all__ = ["Acceptance", "Candidate", "CostModel", "DraftPolicy", "LinearCost", "PiecewiseCost", "VerifyCost",
+           "equal_split"]
 
 
 def _ewma(old: float, x: float, weight: float) -> float:
@@ -115,16 +117,19 @@ class PiecewiseCost:
         self.line = (a, b)
         self.weight = weight
         self.points: dict[int, float] = {}
+        self._memo: dict[int, float] = {}  # __call__'s answers since the points last changed
 
     def calibrate(self, points: list[tuple[int, float]]) -> None:
         for rows, secs in points:
             self.points[int(rows)] = float(secs)
+        self._memo.clear()
 
     def observe(self, rows: int, seconds: float) -> None:
         if rows <= 0 or seconds <= 0.0:
             return
         old = self.points.get(rows)
         self.points[rows] = seconds if old is None else (1 - self.weight) * old + self.weight * seconds
+        self._memo.clear()
 
     def __call__(self, rows: int) -> float:
         """Seconds for ``rows``, never more than a measured larger row count costs (a
@@ -132,9 +137,12 @@ class PiecewiseCost:
         not make its neighbours look free)."""
         if rows <= 0:
             return 0.0
-        est = self._interp(rows)
-        above = [v for x, v in self.points.items() if x > rows]
-        return min(est, min(above)) if above else est
+        got = self._memo.get(rows)
+        if got is None:
+            est = self._interp(rows)
+            above = [v for x, v in self.points.items() if x > rows]
+            got = self._memo[rows] = min(est, min(above)) if above else est
+        return got
 
     def _interp(self, rows: int) -> float:
         if rows in self.points:
@@ -178,13 +186,69 @@ class VerifyCost:
         self.curve(n_seqs).calibrate(points)
 
     def __call__(self, n_seqs: int, rows: int) -> float:
+        """Seconds of one decode of ``rows`` rows over ``n_seqs`` sequences; a count never
+        measured is interpolated between the measured counts around it, at the same rows
+        per sequence (or follows the nearest one)."""
         if not self.curves:
             return self.curve(n_seqs)(rows)
         known = self.curves.get(n_seqs)
-        if known is None or not known.points:
-            near = min((n for n, c in self.curves.items() if c.points), key=lambda n: abs(n - n_seqs), default=None)
-            known = self.curves[near] if near is not None else self.curve(n_seqs)
-        return known(rows)
+        if known is not None and known.points:
+            return known(rows)
+        counts = sorted(n for n, c in self.curves.items() if c.points)
+        if not counts:
+            return self.curve(n_seqs)(rows)
+        lo = max((n for n in counts if n < n_seqs), default=None)
+        hi = min((n for n in counts if n > n_seqs), default=None)
+        if lo is None or hi is None:
+            near = lo if hi is None else hi
+            return self.curves[near](rows)  # type: ignore[index]
+        per = rows / n_seqs
+        y0, y1 = self.curves[lo](max(1, round(per * lo))), self.curves[hi](max(1, round(per * hi)))
+        return y0 + (y1 - y0) * (n_seqs - lo) / (hi - lo)
+
+
+def equal_split(rows: list[tuple[int, int]], n_ubatch: int, sequential: bool = True,
+                keep_tail: int = 0) -> list[tuple[int, int]]:
+    """How llama.cpp cuts a batch into micro-batches on recurrent and hybrid memory
+    (``llama_batch_allocr::split_equal``): ``rows`` holds (sequence id, tokens) per
+    sequence in batch order; returns (sequences, tokens per sequence) per micro-batch.
+
+    Every micro-batch takes the same number of tokens from each sequence in it -- with
+    ``sequential`` (a per-sequence KV cache, llama.cpp's default) only from a run of
+    consecutive sequence ids -- and, with ``keep_tail`` (rollback snapshots: n_rs_seq + 1),
+    never splits a sequence's last ``keep_tail`` tokens. Each micro-batch is a pass over
+    the weights: one sequence drafting 1 token while three draft none costs two decodes
+    (4 x 1 row, then 1 x 1), about what all four drafting would.
+    """
+    rem = [r for _, r in rows]
+    out: list[tuple[int, int]] = []
+    while True:
+        cur: list[int] = []
+        last = 0
+        for i, (sid, _) in enumerate(rows):
+            if rem[i] <= 0 or (sequential and cur and sid != last + 1):
+                continue
+            cur.append(i)
+            last = sid
+            if len(cur) > n_ubatch:
+                break
+        if not cur:
+            return out
+        n = len(cur)
+        t = min(min(rem[i] for i in cur), max(1, n_ubatch // n))
+        if keep_tail > 0:
+            n_keep = 0
+            while n_keep < n and not 0 < rem[cur[n_keep]] - t < keep_tail:
+                n_keep += 1
+            if n_keep == 0:  # the first sequence alone: to its end, or leaving a whole tail
+                i = cur[0]
+                t = rem[i] if rem[i] <= n_ubatch else rem[i] - keep_tail
+                cur = [i]
+            else:
+                cur = cur[:n_keep]
+        for i in cur:
+            rem[i] -= t
+        out.append((len(cur), t))
 
 
 @dataclass
@@ -207,6 +271,25 @@ class CostModel:
     #: seconds a step spends outside decodes (Python, sampling, bookkeeping): paid once
     #: per step whatever its draft lengths -- next to a small model's decodes, not small
     overhead: float = 0.0
+    #: how the target cuts a verify into micro-batches: (n_ubatch, sequential, keep_tail)
+    #: of :func:`equal_split` on recurrent / hybrid memory; None: one decode (attention only)
+    split: tuple[int, bool, int] | None = None
+
+    def verify_layout(self, rows: list[int], ids: list[int] | None = None) -> float:
+        """Seconds of a verify whose sequences (ids in batch order, default 0, 1, ...)
+        hold ``rows`` tokens each: the sum of its micro-batches."""
+        if self.split is None:
+            return self.verify(len(rows), sum(rows))
+        n_ubatch, sequential, tail = self.split
+        ids = ids if ids is not None else list(range(len(rows)))
+        return sum(self.verify(n, n * t) for n, t in equal_split(list(zip(ids, rows)), n_ubatch, sequential, tail))
+
+    def single_ubatch(self, rows: list[int], ids: list[int]) -> bool:
+        """Whether a verify of this layout is one decode (what the per-count curves learn from)."""
+        if self.split is None:
+            return True
+        n_ubatch, sequential, tail = self.split
+        return len(equal_split(list(zip(ids, rows)), n_ubatch, sequential, tail)) <= 1
 
     def observe_overhead(self, seconds: float) -> None:
         self.overhead = _ewma(self.overhead, seconds, 0.1)
@@ -226,8 +309,11 @@ class CostModel:
             self.first.calibrate([(n, self.draft(n))])
         self.first.observe(n, seconds)
 
-    def step_seconds(self, ks: list[int]) -> float:
-        t = self.overhead + self.verify(len(ks), sum(1 + k for k in ks))
+    def step_seconds(self, ks: list[int], backlog: list[int] | None = None, ids: list[int] | None = None) -> float:
+        """Seconds of a step whose sequences (``ids``, in batch order) draft ``ks`` tokens,
+        with ``backlog`` replayed tokens each in the verify."""
+        rows = [1 + k for k in ks] if not backlog else [1 + k + b for k, b in zip(ks, backlog)]
+        t = self.overhead + self.verify_layout(rows, ids)
         for i in range(max(ks, default=0)):
             n = sum(1 for k in ks if k > i)
             # the first decode carries the same outputs as a pure one, and more rows
@@ -333,14 +419,40 @@ class Acceptance:
         return out
 
 
+class Candidate(NamedTuple):
+    """One sequence's say in a step's choice (a plain 4- or 5-tuple works too)."""
+
+    #: the longest draft the sequence may verify now
+    cap: int
+    acc: Acceptance
+    #: a fixed draft length, or None to choose
+    fixed: int | None
+    #: steps since it last drafted
+    idle: int
+    #: accepted tokens replayed in this verify after a checkpoint restore: a rejection
+    #: restores the state from before them, so they are replayed again
+    backlog: int = 0
+
+
 class DraftPolicy:
     """Chooses draft lengths for the sequences of one step."""
 
-    def __init__(self, k_max: int, probe_every: int = 64, probe_gap: int = 8, hysteresis: float = 0.01) -> None:
+    def __init__(self, k_max: int, probe_every: int = 64, probe_gap: int = 8, hysteresis: float = 0.01,
+                 margin: float = 0.03) -> None:
         self.k_max = k_max
+        #: drafting must promise this much more than not drafting: the costs are estimates
+        #: from noisy timings, and a draft also costs what they miss (the MTP decodes evict
+        #: the trunk's weights from the caches; rejections add variance) -- where the
+        #: estimates call it a tie, drafting loses
+        self.margin = margin
         self.probe_gap = probe_gap  # the shortest wait before probing a sequence that stopped drafting
         self.costs = CostModel()
         self.hysteresis = hysteresis
+        #: after a search that drafts nothing, this many steps reuse it (while nobody is due
+        #: a probe): on text the drafter never gets right, the search is most of a step's Python
+        self.quiet_steps = 3
+        self._quiet = 0
+        self._quiet_accs: dict[int, Acceptance] = {}  # the sequences (and estimates) of that search
         self._last: dict[int, int] = {}
         self._secs: dict[tuple[int, ...], float] = {}  # step_seconds of the layouts priced this choose()
         self.probe_every = probe_every
@@ -352,16 +464,20 @@ class DraftPolicy:
         #: a draft then also costs its checkpoint, and a rejection its restore and replay rows
         self.replays = False
         self._rej: list[list[tuple[float, float]]] | None = None
+        self._ids: list[int] | None = None       # this choose()'s sequences, in batch order
+        self._backlog: list[int] | None = None   # their replayed tokens (None: none)
+        self._sunk = 0.0                          # what the replays cost a step that drafts nothing
         self.estimated_tok_s = 0.0
         self.measured_tok_s = 0.0
         self._ew = 0.9
 
-    def choose(self, cands: dict[int, tuple[int, Acceptance, int | None, int]]) -> dict[int, int]:
+    def choose(self, cands: dict[int, Candidate] | dict[int, tuple]) -> dict[int, int]:  # type: ignore[type-arg]
         """Draft lengths for one step.
 
-        ``cands[seq] = (cap, acceptance, fixed, idle)``: the longest draft the sequence
-        may verify now, its acceptance estimate, a fixed draft length (or None to
-        choose), and the steps since it last drafted.
+        ``cands[seq] = Candidate(cap, acceptance, fixed, idle, backlog=0)``: the longest
+        draft the sequence may verify now, its acceptance estimate, a fixed draft length
+        (or None to choose), the steps since it last drafted, and the replayed tokens
+        this verify carries for it.
 
         The search: the best common length for every choosing sequence (an MTP
         decode has a fixed cost, shared by all the sequences it drafts for), then
@@ -369,19 +485,45 @@ class DraftPolicy:
         second. It runs on the running acceptance estimates; a second run on
         optimistic ones decides which sequences left at 0 get a 1-token probe.
         """
+        cands = {s: Candidate(*c) for s, c in cands.items()}
+        if self._quiet > 0 and cands.keys() == self._quiet_accs.keys() and all(
+                c.fixed is None and c.backlog == 0 and c.acc is self._quiet_accs[s] and c.idle < self.probe_wait(c.acc)
+                for s, c in cands.items()):
+            # nobody drafted last step, nobody is due a probe: the estimates move slowly (a
+            # half-life of dozens of steps), so idle steps search again only every few steps
+            self._quiet -= 1
+            return {s: 0 for s in cands}
         self._secs.clear()
         seqs = list(cands)
         caps = [cands[s][0] for s in seqs]
         fixed = [cands[s][2] for s in seqs]
         auto = [i for i, f in enumerate(fixed) if f is None]
         tables = [cands[s][1].expected_table(c) for s, c in zip(seqs, caps)]
-        self._rej = [cands[s][1].rejection_table(c) for s, c in zip(seqs, caps)] if self.replays else None
-        ks, best = self._search(caps, fixed, auto, tables)
+        self._ids = seqs
+        self._backlog = [cands[s].backlog for s in seqs] if any(cands[s].backlog for s in seqs) else None
+        self._sunk = 0.0
+        if self._backlog is not None:
+            # replayed rows are paid whatever this step drafts: a step is priced by what its
+            # drafts add to them (uneven rows cut the verify into more micro-batches, a draft
+            # that evens them out costs little) on top of a step without replays -- a ratio
+            # over a sunk cost would favour drafting into any expensive step
+            zero = [0] * len(seqs)
+            self._sunk = self.costs.step_seconds(zero, self._backlog, seqs) - self.costs.step_seconds(zero, None, seqs)
+        self._rej = None
+        if self.replays:  # a rejection also replays the backlog again
+            self._rej = [[(p, rows + p * cands[s].backlog) for p, rows in cands[s].acc.rejection_table(c)]
+                         for s, c in zip(seqs, caps)]
+        ks, best = self._search(caps, fixed, auto, tables, self.margin)
         # hysteresis: keep last step's lengths unless the new ones are clearly better
         prev = [min(self._last.get(s, -1), caps[i]) if fixed[i] is None else ks[i] for i, s in enumerate(seqs)]
         useless = any(prev[i] > 0 and tables[i][prev[i]] - 1.0 < 0.05 for i in auto)  # drafts nothing lands in
-        if all(k >= 0 for k in prev) and not useless and self._rate(prev, tables) * (1.0 + self.hysteresis) >= best:
-            ks = prev
+        if all(k >= 0 for k in prev) and not useless:
+            floor = best / (1.0 + self.hysteresis)
+            if any(prev[i] > 0 for i in auto):  # drafting on must still clear the margin over not drafting
+                idle = [0 if fixed[i] is None else k for i, k in enumerate(ks)]
+                floor = max(floor, self._rate(idle, tables) * (1.0 + self.margin))
+            if self._rate(prev, tables) >= floor:
+                ks = prev
         # sequences left at 0 that have waited long enough for a probe
         waiting = [i for i in auto
                    if ks[i] == 0 and caps[i] > 0 and cands[seqs[i]][3] >= self.probe_wait(cands[seqs[i]][1])]
@@ -395,6 +537,8 @@ class DraftPolicy:
         self.estimated_tok_s = self._rate(ks, tables)
         out = dict(zip(seqs, ks))
         self._last = {s: k for s, k in out.items() if fixed[seqs.index(s)] is None}
+        self._quiet = self.quiet_steps if len(auto) == len(seqs) and not any(ks) else 0
+        self._quiet_accs = {s: c.acc for s, c in cands.items()} if self._quiet else {}
         return out
 
     def probe_wait(self, acc: Acceptance) -> int:
@@ -403,17 +547,21 @@ class DraftPolicy:
         return min(self.probe_every, self.probe_gap * 2 ** max(0, min(acc.fails - 1, 8)))
 
     def _rate(self, ks: list[int], tables: list[list[float]]) -> float:
-        key = tuple(sorted(ks))  # a step costs the same whichever sequence drafts what: price each layout once
+        # without micro-batch splits a step costs the same whichever sequence drafts what
+        key = tuple(sorted(ks)) if self.costs.split is None and self._backlog is None else tuple(ks)
         secs = self._secs.get(key)
         if secs is None:
-            secs = self._secs[key] = self.costs.step_seconds(ks)
+            secs = self._secs[key] = self.costs.step_seconds(ks, self._backlog, self._ids) - self._sunk
         if self._rej is not None and len(self._rej) == len(ks):
             secs += self._rollback_seconds(ks, self._rej)
         return sum(t[k] for t, k in zip(tables, ks)) / secs
 
     def _rollback_seconds(self, ks: list[int], rej: list[list[tuple[float, float]]]) -> float:
         """Expected cost of checkpoint rollback for these draft lengths: a save per
-        drafting sequence, a restore per rejection, the replayed rows in the next verify."""
+        drafting sequence, a restore per rejection, the replayed rows in the next verify
+        -- and, where the verify is cut into micro-batches, the extra one a replay longer
+        than the sequence's draft makes there (if the next step drafts like this one, a
+        shorter replay keeps the sequence's rows level with the others')."""
         c = self.costs
         drafting = [i for i, k in enumerate(ks) if k > 0]
         if not drafting:
@@ -423,14 +571,22 @@ class DraftPolicy:
         per_row = max(0.0, (c.verify(n, rows + n) - c.verify(n, rows)) / n)
         p_rej = sum(rej[i][ks[i]][0] for i in drafting)
         replay = sum(rej[i][ks[i]][1] for i in drafting)
-        return len(drafting) * c.save + p_rej * c.restore + replay * per_row
+        extra = 0.0
+        if c.split is not None:
+            for i in drafting:
+                p, r = rej[i][ks[i]]
+                over = r / p - ks[i] if p > 0 else 0.0  # replayed rows given a rejection, past the draft
+                if over > 0.5:
+                    extra += p * c.verify(1, round(over))
+        return len(drafting) * c.save + p_rej * c.restore + replay * per_row + extra
 
     def _search(self, caps: list[int], fixed: list[int | None], auto: list[int],
-                tables: list[list[float]]) -> tuple[list[int], float]:
+                tables: list[list[float]], margin: float = 0.0) -> tuple[list[int], float]:
         ks = [min(f, c) if f is not None else 0 for f, c in zip(fixed, caps)]
         best = self._rate(ks, tables)
         if not auto:
             return ks, best
+        idle, floor = list(ks), best * (1.0 + margin)
         best_k = 0
         for k in range(1, max(caps[i] for i in auto) + 1):
             for i in auto:
@@ -455,6 +611,8 @@ class DraftPolicy:
             if move is None:
                 break
             ks[move[0]] = move[1]
+        if best < floor:
+            return idle, floor / (1.0 + margin)
         return ks, best
 
     def observe_step(self, tokens: int, seconds: float) -> None:

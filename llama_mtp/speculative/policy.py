@@ -14,9 +14,13 @@ Model (all estimates refreshed as the run goes):
 With drafts ``k_s`` per sequence, one step emits ``sum_s E_s(k_s)`` tokens, where
 ``E(k) = 1 + sum_{i<k} prod_{j<=i} alpha[j]``, and costs one verify of
 ``sum_s (1 + k_s)`` rows plus ``max_s k_s`` MTP decodes (decode ``i`` carries the
-sequences still drafting). The policy grows draft lengths greedily, one token at
-a time, while that raises tokens per second -- so it picks 0 when drafting cannot
-pay, and the longest useful draft when acceptance is near 1. A sequence that stops
+sequences still drafting). On recurrent memory that verify is as many passes over
+the weights as llama.cpp cuts it into micro-batches (:func:`equal_split`: one per
+distinct row count, roughly), so level rows are cheap and a lone drafter is not.
+The policy tries a common length for everyone, then single-sequence steps up or
+down, while that raises tokens per second -- so it picks 0 when drafting cannot
+pay (or pays less than ``margin``), and the longest useful draft when acceptance
+is near 1. A sequence that stops
 drafting is probed with a 1-token draft now and then (after ``probe_gap`` steps,
 doubled for each failed draft in a row, up to ``probe_every``: a failed probe
 costs most of a plain step), so it can come back when its
@@ -441,9 +445,8 @@ class DraftPolicy:
                  margin: float = 0.03) -> None:
         self.k_max = k_max
         #: drafting must promise this much more than not drafting: the costs are estimates
-        #: from noisy timings, and a draft also costs what they miss (the MTP decodes evict
-        #: the trunk's weights from the caches; rejections add variance) -- where the
-        #: estimates call it a tie, drafting loses
+        #: from noisy timings (10..20% run to run on a small shared CPU), so where they call
+        #: it a tie, not drafting is the safe side
         self.margin = margin
         self.probe_gap = probe_gap  # the shortest wait before probing a sequence that stopped drafting
         self.costs = CostModel()

@@ -300,8 +300,8 @@ def test_checkpoint_rollback_is_priced() -> None:
 
 
 def test_a_tie_does_not_draft() -> None:
-    """Drafting must promise ``margin`` more than not drafting (the costs are noisy
-    estimates, and drafting costs more than they see): a 2% edge drafts nothing, a
+    """Drafting must promise ``margin`` more than not drafting (the costs are estimates
+    from noisy timings): a 2% edge drafts nothing, a
     clear one drafts -- and a sequence already drafting stops once its edge is gone,
     whatever the hysteresis."""
     def policy(margin: float) -> DraftPolicy:

@@ -276,6 +276,19 @@ def test_rejection_table() -> None:
     assert t[3] == pytest.approx((0.875, 1.0 + 0.125 * 3))
 
 
+def test_overflow_table() -> None:
+    """A rejection at position j replays backlog + j + 1 rows; it overflows a k-token
+    draft of the others (an extra pass next step) by backlog + j + 1 - k rows when that
+    is positive -- never without a backlog."""
+    a = acc(0.5, k=4)
+    assert a.overflow_table(3) == [(0.0, 0.0)] * 4
+    t = a.overflow_table(3, backlog=1)
+    assert t[0] == (0.0, 0.0)
+    assert t[1] == pytest.approx((0.5, 0.5))     # rejected at 0: 2 rows replayed, 1 row over a 1-token draft
+    assert t[2] == pytest.approx((0.25, 0.25))   # only a rejection at 1 overflows 2 + 1
+    assert a.overflow_table(1, backlog=2)[1] == pytest.approx((0.5, 1.0))
+
+
 def test_checkpoint_rollback_is_priced() -> None:
     """Without snapshots a draft costs a save, a rejection a restore and its replayed
     rows: the same acceptance buys shorter drafts (none where rejections cost too

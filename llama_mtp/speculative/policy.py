@@ -413,6 +413,26 @@ class Acceptance:
             out.append((1.0 - run, rows))
         return out
 
+    def overflow_table(self, k_max: int, backlog: int = 0) -> list[tuple[float, float]]:
+        """For k = 0 .. k_max: (P, E[rows]) of a rejection whose replay -- ``backlog``
+        tokens replayed now, the accepted ones and id_last -- is longer than k: the
+        rows by which that sequence's next verify outgrows a k-token draft of the others
+        (rejected at position j, the replay is backlog + j + 1 rows)."""
+        alphas = self.alphas(k_max)
+        out = []
+        for k in range(k_max + 1):
+            q = e = 0.0
+            run = 1.0
+            for j in range(k):
+                p_j = run * (1.0 - alphas[j])
+                over = backlog + j + 1 - k
+                if over > 0:
+                    q += p_j
+                    e += p_j * over
+                run *= alphas[j]
+            out.append((q, e))
+        return out
+
     def expected_table(self, k_max: int, optimistic: bool = False) -> list[float]:
         """``expected_tokens(k)`` for k = 0 .. k_max, in one pass."""
         out, total, run = [1.0], 1.0, 1.0
@@ -467,6 +487,7 @@ class DraftPolicy:
         #: a draft then also costs its checkpoint, and a rejection its restore and replay rows
         self.replays = False
         self._rej: list[list[tuple[float, float]]] | None = None
+        self._over: list[list[tuple[float, float]]] | None = None  # Acceptance.overflow_table per sequence
         self._ids: list[int] | None = None       # this choose()'s sequences, in batch order
         self._backlog: list[int] | None = None   # their replayed tokens (None: none)
         self._sunk = 0.0                          # what the replays cost a step that drafts nothing
@@ -512,10 +533,12 @@ class DraftPolicy:
             # over a sunk cost would favour drafting into any expensive step
             zero = [0] * len(seqs)
             self._sunk = self.costs.step_seconds(zero, self._backlog, seqs) - self.costs.step_seconds(zero, None, seqs)
-        self._rej = None
+        self._rej = self._over = None
         if self.replays:  # a rejection also replays the backlog again
             self._rej = [[(p, rows + p * cands[s].backlog) for p, rows in cands[s].acc.rejection_table(c)]
                          for s, c in zip(seqs, caps)]
+            if self.costs.split is not None:
+                self._over = [cands[s].acc.overflow_table(c, cands[s].backlog) for s, c in zip(seqs, caps)]
         ks, best = self._search(caps, fixed, auto, tables, self.margin)
         # hysteresis: keep last step's lengths unless the new ones are clearly better
         prev = [min(self._last.get(s, -1), caps[i]) if fixed[i] is None else ks[i] for i, s in enumerate(seqs)]
@@ -562,9 +585,10 @@ class DraftPolicy:
     def _rollback_seconds(self, ks: list[int], rej: list[list[tuple[float, float]]]) -> float:
         """Expected cost of checkpoint rollback for these draft lengths: a save per
         drafting sequence, a restore per rejection, the replayed rows in the next verify
-        -- and, where the verify is cut into micro-batches, the extra one a replay longer
-        than the sequence's draft makes there (if the next step drafts like this one, a
-        shorter replay keeps the sequence's rows level with the others')."""
+        -- and, where the verify is cut into micro-batches, the extra pass that replays
+        longer than the drafts make there (if the next step drafts like this one, a
+        shorter replay keeps the sequence's rows level with the others'): one pass for
+        the sequences whose replays overflow, priced by their expected number and rows."""
         c = self.costs
         drafting = [i for i, k in enumerate(ks) if k > 0]
         if not drafting:
@@ -575,12 +599,15 @@ class DraftPolicy:
         p_rej = sum(rej[i][ks[i]][0] for i in drafting)
         replay = sum(rej[i][ks[i]][1] for i in drafting)
         extra = 0.0
-        if c.split is not None:
-            for i in drafting:
-                p, r = rej[i][ks[i]]
-                over = r / p - ks[i] if p > 0 else 0.0  # replayed rows given a rejection, past the draft
-                if over > 0.5:
-                    extra += p * c.verify(1, round(over))
+        if self._over is not None and len(self._over) == n:
+            qs = [self._over[i][ks[i]] for i in drafting]
+            none = 1.0
+            for q, _ in qs:
+                none *= 1.0 - q
+            p_any = 1.0 - none
+            if p_any > 1e-9:
+                m = max(1, round(sum(q for q, _ in qs) / p_any))
+                extra = p_any * c.verify(m, max(m, round(sum(e for _, e in qs) / p_any)))
         return len(drafting) * c.save + p_rej * c.restore + replay * per_row + extra
 
     def _search(self, caps: list[int], fixed: list[int | None], auto: list[int],

@@ -153,6 +153,11 @@ class _Seq:
         """Accepted tokens the target KV does not hold yet (a replay after a checkpoint restore)."""
         return self.history[self.kv_pos: self.pos0]  # history[p] is the token at position p
 
+    @property
+    def n_backlog(self) -> int:
+        """``len(backlog)``, without building it."""
+        return self.pos0 - self.kv_pos
+
 
 class SpeculativeEngine:
     """Speculative decoding for up to ``max_sequences`` sequences at once.
@@ -494,7 +499,7 @@ class SpeculativeEngine:
         k = max(self._mtp_k(q), q.spec.ngram_max if q.spec.ngram else 0)
         k = min(k, q.max_tokens - len(q.state.tokens) - 1)      # never draft past max_tokens
         k = min(k, self.n_ctx_seq - 1 - q.pos0)                 # nor past the context
-        if q.pos0 - q.kv_pos > REPLAY_DRAFT_MAX and not self._exact:
+        if q.n_backlog > REPLAY_DRAFT_MAX and not self._exact:
             # a long replay rides in this verify: a checkpoint taken before it would not hold
             # the replayed tokens, so a rejection would replay them again, and more (drafts
             # the snapshots can undo are fine)
@@ -645,13 +650,13 @@ class SpeculativeEngine:
                 q.acc.tick()
                 if q.seq in ngram_d:
                     n = len(ngram_d[q.seq])
-                    cands[q.seq] = Candidate(n, q.acc, n, 0, q.pos0 - q.kv_pos)
+                    cands[q.seq] = Candidate(n, q.acc, n, 0, q.n_backlog)
                 else:
                     cap = min(caps[q.seq], self._mtp_k(q))
                     cands[q.seq] = Candidate(cap, q.acc, None if q.spec.draft_max == "auto" else cap, q.idle,
-                                             q.pos0 - q.kv_pos)
+                                             q.n_backlog)
             ks = self.policy.choose(cands)
-        room = self.target.n_batch - sum(len(q.backlog) + 1 for q in runnable)
+        room = self.target.n_batch - sum(q.n_backlog + 1 for q in runnable)
         while sum(ks.values()) > room:
             s = max(ks, key=lambda x: ks[x])
             ks[s] -= 1
@@ -716,7 +721,7 @@ class SpeculativeEngine:
         dt = time.perf_counter() - t0
         self.stats.verify_s += dt
         if self.drafter is not None:
-            layout = [1 + len(drafts[q.seq]) + q.pos0 - q.kv_pos for q in runnable]
+            layout = [q.n_backlog + 1 + len(drafts[q.seq]) for q in runnable]
             ids = [q.seq for q in runnable]
             if self.policy.costs.single_ubatch(layout, ids):  # the curves are of single decodes
                 self.policy.costs.verify.observe(len(runnable), b.n_tokens, dt)

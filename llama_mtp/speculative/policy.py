@@ -279,21 +279,22 @@ class CostModel:
     #: of :func:`equal_split` on recurrent / hybrid memory; None: one decode (attention only)
     split: tuple[int, bool, int] | None = None
 
-    def verify_layout(self, rows: list[int], ids: list[int] | None = None) -> float:
-        """Seconds of a verify whose sequences (ids in batch order, default 0, 1, ...)
-        hold ``rows`` tokens each: the sum of its micro-batches."""
+    def passes(self, rows: list[int], ids: list[int] | None = None) -> list[tuple[int, int]]:
+        """(sequences, rows) of each decode pass of a verify whose sequences (ids in batch
+        order, default 0, 1, ...) hold ``rows`` tokens each."""
         if self.split is None:
-            return self.verify(len(rows), sum(rows))
+            return [(len(rows), sum(rows))]
         n_ubatch, sequential, tail = self.split
         ids = ids if ids is not None else list(range(len(rows)))
-        return sum(self.verify(n, n * t) for n, t in equal_split(list(zip(ids, rows)), n_ubatch, sequential, tail))
+        return [(n, n * t) for n, t in equal_split(list(zip(ids, rows)), n_ubatch, sequential, tail)]
+
+    def verify_layout(self, rows: list[int], ids: list[int] | None = None) -> float:
+        """Seconds of such a verify: the sum of its passes."""
+        return sum(self.verify(n, r) for n, r in self.passes(rows, ids))
 
     def single_ubatch(self, rows: list[int], ids: list[int]) -> bool:
         """Whether a verify of this layout is one decode (what the per-count curves learn from)."""
-        if self.split is None:
-            return True
-        n_ubatch, sequential, tail = self.split
-        return len(equal_split(list(zip(ids, rows)), n_ubatch, sequential, tail)) <= 1
+        return len(self.passes(rows, ids)) <= 1
 
     def observe_overhead(self, seconds: float) -> None:
         self.overhead = _ewma(self.overhead, seconds, 0.1)
@@ -546,8 +547,7 @@ class DraftPolicy:
         if all(k >= 0 for k in prev) and not useless:
             floor = best / (1.0 + self.hysteresis)
             if any(prev[i] > 0 for i in auto):  # drafting on must still clear the margin over not drafting
-                idle = [0 if fixed[i] is None else k for i, k in enumerate(ks)]
-                floor = max(floor, self._rate(idle, tables) * (1.0 + self.margin))
+                floor = max(floor, self._rate(self._idle(caps, fixed), tables) * (1.0 + self.margin))
             if self._rate(prev, tables) >= floor:
                 ks = prev
         # sequences left at 0 that have waited long enough for a probe
@@ -612,11 +612,10 @@ class DraftPolicy:
 
     def _search(self, caps: list[int], fixed: list[int | None], auto: list[int],
                 tables: list[list[float]], margin: float = 0.0) -> tuple[list[int], float]:
-        ks = [min(f, c) if f is not None else 0 for f, c in zip(fixed, caps)]
-        best = self._rate(ks, tables)
+        ks = self._idle(caps, fixed)
+        best = base = self._rate(ks, tables)
         if not auto:
             return ks, best
-        idle, floor = list(ks), best * (1.0 + margin)
         best_k = 0
         for k in range(1, max(caps[i] for i in auto) + 1):
             for i in auto:
@@ -641,9 +640,14 @@ class DraftPolicy:
             if move is None:
                 break
             ks[move[0]] = move[1]
-        if best < floor:
-            return idle, floor / (1.0 + margin)
+        if best < base * (1.0 + margin):
+            return self._idle(caps, fixed), base
         return ks, best
+
+    @staticmethod
+    def _idle(caps: list[int], fixed: list[int | None]) -> list[int]:
+        """The layout where every choosing sequence drafts nothing (fixed ones as fixed)."""
+        return [min(f, c) if f is not None else 0 for f, c in zip(fixed, caps)]
 
     def observe_step(self, tokens: int, seconds: float) -> None:
         if seconds > 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from dataclasses import dataclass
@@ -90,6 +91,7 @@ class Context:
             raise ContextError(f"{model.path.name} was loaded vocab-only: it has no weights to run")
 
         _native.ensure_backend()
+        _check_room(model, params, self.is_mtp)
         clear_log()
         self._abort = calls.new_abort_state()
         ptr = calls.context_new(model_ptr, params._to_c(), self.is_mtp, self._abort)
@@ -109,8 +111,9 @@ class Context:
         self._dropped = np.zeros(self._info["n_seq_max"], dtype=np.int8)
         self._gen = 0
         self._ckpt_bufs: dict[int, npt.NDArray[np.uint8]] = {}  # per sequence, for checkpoint(reuse=True)
-        self._last_tokens = 0
-        self._last_out_idx = np.zeros(0, dtype=np.int64)
+        self._last_tokens = self._last_n_out = 0
+        self._last_out: npt.NDArray[np.int8] | None = None
+        self._last_out_idx: npt.NDArray[np.int64] | None = None
         self._hidden_mode: bool | None = None  # None: off; True: masked; False: unmasked
         self._exact_rollback = self.is_mtp or not (model.is_recurrent or model.is_hybrid)
         self.memory = Memory(self)
@@ -227,11 +230,10 @@ class Context:
         the batch instead; ``err.dropped`` names them)."""
         with self._lock:
             ptr = self._handle()
-            batch.validate(
+            n_out = batch.validate(
                 n_vocab=self.model.n_vocab, n_seq_max=self.n_seq_max, n_batch=self.n_batch,
                 n_outputs_max=self._n_outputs_max, hidden_dim=self.hidden_dim if self.is_mtp else 0,
             )
-            n_out = batch.n_outputs
             if n_out > self._out_cap:
                 if len(self._views):
                     raise StaleOutputError(
@@ -246,12 +248,12 @@ class Context:
             rc, by_signal = calls.decode(ptr, batch._struct.ptr, self._exact_rollback, self._abort, self._dropped)
             self._gen += 1
             if rc == 0:
-                out = batch.output[:n]
-                self._last_tokens = n
-                self._last_out_idx = np.where(out != 0, np.cumsum(out, dtype=np.int64) - 1, -1)
+                self._last_tokens, self._last_n_out = n, n_out
+                self._last_out = batch.output[:n].copy()  # the output row of each entry: on demand
+                self._last_out_idx = None
                 return
-            self._last_tokens = 0
-            self._last_out_idx = np.zeros(0, dtype=np.int64)
+            self._last_tokens = self._last_n_out = 0
+            self._last_out = self._last_out_idx = None
             if rc == 2:
                 calls.abort_request(self._abort, False)  # consumed
             dropped = [int(s) for s in np.flatnonzero(self._dropped)]
@@ -287,14 +289,22 @@ class Context:
 
     def n_outputs(self) -> int:
         """Number of output rows of the last decode."""
-        return int((self._last_out_idx >= 0).sum())
+        return self._last_n_out
+
+    def _out_row(self, row: int) -> int:
+        """The output row of batch entry ``row`` of the last decode (-1: not an output)."""
+        if self._last_out_idx is None:
+            out = self._last_out
+            assert out is not None
+            self._last_out_idx = np.where(out != 0, np.cumsum(out, dtype=np.int64) - 1, -1)
+        return int(self._last_out_idx[row])
 
     def logits(self, i: int = -1) -> npt.NDArray[np.float32]:
         """Logits (n_vocab,) of batch entry ``i`` of the last decode (must be an output)."""
         with self._lock:
             ptr = self._handle()
             row = self._row(i)
-            if self._last_out_idx[row] < 0:
+            if self._out_row(row) < 0:
                 raise IndexError(f"batch entry {i} was not marked as an output")
             return self._track(calls.logits_ith(ptr, row, self.model.n_vocab, self._keepalive), "logits")
 
@@ -313,7 +323,7 @@ class Context:
             if self._hidden_mode is None:
                 raise LlamaError("hidden rows are off: call set_hidden_output(True) before decoding")
             if self._hidden_mode:  # masked: output rows only
-                j = int(self._last_out_idx[row])
+                j = self._out_row(row)
                 if j < 0:
                     raise IndexError(f"batch entry {i} was not marked as an output")
                 got = calls.nextn_rows(ptr, self.n_outputs(), self.hidden_dim, self._keepalive)
@@ -463,6 +473,65 @@ class Memory:
     def can_shift(self) -> bool:
         with self._ctx._lock:
             return calls.mem_can_shift(self._m())
+
+
+#: host bytes llama.cpp keeps per KV cell besides the cache itself: position, shift, M-RoPE
+#: extras and a 256-bit set of the sequences in it (~52; counted low)
+CELL_BYTES = 48
+
+
+def min_context_bytes(model: Model, n_ctx: int, *, mtp: bool = False, type_k: str = "f16",
+                      type_v: str = "f16") -> int:
+    """A lower bound of the memory a context of ``n_ctx`` cells takes: the cells' bookkeeping
+    (host) and half of its attention layers' K and V (host or device) -- half, as some layers
+    may hold fewer KV heads than the model's first; recurrent state and compute buffers not
+    counted."""
+    meta = model.metadata
+    if mtp:
+        n_attn = model.n_layer_nextn
+    elif model.is_recurrent:
+        n_attn = 0
+    elif model.is_hybrid:
+        interval = int(meta.get(f"{model.arch}.full_attention_interval", "0") or 0)
+        n_attn = model.n_layer // interval if interval > 0 else 0
+    else:
+        n_attn = model.n_layer
+    head = model.n_embd // max(1, model.n_head)
+    k_len = int(meta.get(f"{model.arch}.attention.key_length", head) or head)
+    v_len = int(meta.get(f"{model.arch}.attention.value_length", head) or head)
+    per_cell = n_attn * model.n_head_kv * (k_len * calls.type_bytes(type_k) + v_len * calls.type_bytes(type_v))
+    return int(n_ctx * (CELL_BYTES + per_cell / 2))
+
+
+def _available_memory(offload: bool) -> int | None:
+    """Free host memory (Linux: MemAvailable; elsewhere the physical size), plus the GPUs'
+    free memory where layers may offload; None when it cannot be told."""
+    host = None
+    try:
+        with open("/proc/meminfo") as f:
+            host = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        try:
+            host = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (AttributeError, OSError, ValueError):
+            return None
+    gpu = sum(d.memory_free for d in calls.devices() if d.kind != "cpu") if offload else 0
+    return host + gpu
+
+
+def _check_room(model: Model, params: ContextParams, mtp: bool) -> None:
+    """Refuse a context that cannot fit before llama.cpp tries: its bookkeeping of KV cells
+    is allocated on the host and zero-filled, so a huge n_ctx is not a failed allocation
+    there but a process the kernel kills for lack of memory (seen on a 128 GiB GPU machine
+    with n_ctx = 2**30 on a tiny model)."""
+    n_ctx = params.n_ctx if params.n_ctx else model.n_ctx_train
+    n_ctx = -(-n_ctx // 256) * 256  # llama.cpp pads it
+    need = min_context_bytes(model, n_ctx, mtp=mtp, type_k=params.type_k or "f16", type_v=params.type_v or "f16")
+    avail = _available_memory(model.params.n_gpu_layers != 0 and bool(calls.capabilities()["gpu_offload"]))
+    if avail is not None and need > avail:
+        raise ContextError(
+            f"a context of {n_ctx} tokens needs at least {need / 2**30:.1f} GiB (its KV cache and the bookkeeping of "
+            f"its cells), more than is free here ({avail / 2**30:.1f} GiB); lower n_ctx")
 
 
 def _describe(p: ContextParams) -> str:

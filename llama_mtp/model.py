@@ -49,6 +49,7 @@ class Model:
         **overrides: Any,
     ) -> None:
         self._ptr: Any = None
+        self._metadata: dict[str, str] | None = None
         self._children: weakref.WeakSet[Context] = weakref.WeakSet()
         params = (params or ModelParams()).replace(**overrides) if overrides else (params or ModelParams())
         self.params = params
@@ -123,10 +124,14 @@ class Model:
 
     # ------------------------------------------------------------ properties
 
-    @cached_property
+    @property
     def metadata(self) -> dict[str, str]:
-        """GGUF metadata (scalar values as strings, as llama.cpp reports them)."""
-        return calls.model_meta(self._handle())
+        """GGUF metadata (scalar values as strings, as llama.cpp reports them); read once,
+        and like every other accessor refused once the model is closed."""
+        handle = self._handle()
+        if self._metadata is None:
+            self._metadata = calls.model_meta(handle)
+        return self._metadata
 
     @property
     def arch(self) -> str:

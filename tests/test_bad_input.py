@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import llama_mtp as lm
-from helpers import greedy_reference
+from helpers import GPU, greedy_reference
 from llama_mtp.speculative import ContextLengthError, SpeculativeEngine
 from llama_mtp.tiny import write_tiny_model
 
@@ -390,10 +390,38 @@ def test_two_threads_one_engine(m: lm.Model) -> None:
 
 
 def test_out_of_memory_context(m: lm.Model) -> None:
+    """A context that cannot fit is refused before llama.cpp tries: its cells' bookkeeping is
+    zero-filled host memory, and a huge n_ctx got a process on a GPU machine killed."""
+    with pytest.raises(lm.ContextError, match=r"needs at least [\d.]+ GiB .* lower n_ctx"):
+        lm.Context(m, n_ctx=2**31 - 1, n_batch=512)
+    still_works(m)
+
+
+@pytest.mark.skipif(GPU, reason="on a GPU machine llama.cpp's own path can exhaust the host first (see above)")
+def test_out_of_memory_context_in_llama_cpp(m: lm.Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past our estimate, llama.cpp's failed allocation is a ContextError with its own log."""
+    import llama_mtp.context as context
+
+    monkeypatch.setattr(context, "_available_memory", lambda offload: None)  # the estimate says nothing
     with pytest.raises(lm.ContextError) as e:
         lm.Context(m, n_ctx=2**31 - 1, n_batch=512)
     assert e.value.log
     still_works(m)
+
+
+def test_context_size_estimate(model_path) -> None:
+    """The lower bound a context is checked against: 48 bytes of bookkeeping per cell, plus
+    half of K and V of the attention layers (the trunk model: 2 of 4 layers attend, one KV
+    head of 32 + 32 F16 values), less with a quantized cache, one layer for an MTP context."""
+    from llama_mtp.context import CELL_BYTES, min_context_bytes
+
+    with lm.Model(model_path("trunk")) as t:
+        assert min_context_bytes(t, 1024) == 1024 * (CELL_BYTES + 2 * 1 * (32 * 2 + 32 * 2) // 2)
+        assert min_context_bytes(t, 2048) == 2 * min_context_bytes(t, 1024)
+        assert min_context_bytes(t, 1024, type_k="q8_0", type_v="q8_0") < min_context_bytes(t, 1024)
+        assert min_context_bytes(t, 1024, mtp=True) == 1024 * (CELL_BYTES + 1 * 1 * (32 * 2 + 32 * 2) // 2)
+        with lm.Context(t, n_ctx=1 << 16):  # a large context that fits is not refused
+            pass
 
 
 def test_bad_context_params(m: lm.Model) -> None:

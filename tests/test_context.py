@@ -7,7 +7,7 @@ import pytest
 
 import llama_mtp as lm
 
-from helpers import greedy_reference
+from helpers import greedy_reference, logits_atol
 
 PROMPT_TEXT = "Multi-token prediction drafts several tokens ahead"
 
@@ -54,7 +54,7 @@ def test_batch_equals_token_by_token(trunk: lm.Model) -> None:
         la = decode_all(a, toks)
         lb = decode_one_by_one(b, toks)
     assert (la.argmax(1) == lb.argmax(1)).all()
-    np.testing.assert_allclose(la, lb, rtol=0, atol=2e-4)
+    np.testing.assert_allclose(la, lb, rtol=0, atol=logits_atol(lb, 2e-4))
 
 
 def test_partial_rollback_hybrid(trunk: lm.Model) -> None:
@@ -71,7 +71,8 @@ def test_partial_rollback_hybrid(trunk: lm.Model) -> None:
         got = decode_all(ctx, toks[4:6], pos0=4)
         decode_all(clean, toks[:4])
         want = decode_all(clean, toks[4:6], pos0=4)
-    np.testing.assert_allclose(got, want, rtol=0, atol=2e-5)
+    # the same history, batched differently: ~1e-6 apart on a CPU, ~2e-3 of the scale on a GPU
+    np.testing.assert_allclose(got, want, rtol=0, atol=logits_atol(want, 2e-5))
 
 
 def test_rollback_refused_without_snapshots(trunk: lm.Model) -> None:

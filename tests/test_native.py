@@ -92,3 +92,14 @@ def test_import_has_no_side_effects(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok" and out.stderr == ""
+
+
+def test_load_error_names_a_missing_gpu_runtime() -> None:
+    """A CUDA build on a machine without the CUDA runtime: say which library is missing and
+    how to supply it, not 'reinstall for this Python'."""
+    from llama_mtp._native import _load_error
+
+    gpu = _load_error(ImportError("libcublas.so.13: cannot open shared object file: No such file or directory"))
+    assert "needs libcublas.so.13" in gpu and "LD_LIBRARY_PATH" in gpu and "backend=cpu" in gpu
+    other = _load_error(ImportError("undefined symbol: PyFoo_Bar"))
+    assert "compiled for this Python" in other and "LD_LIBRARY_PATH" not in other

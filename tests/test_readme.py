@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -23,6 +24,8 @@ def test_readme_example_runs(i: int, tmp_path: Path) -> None:
     script = tmp_path / f"example_{i}.py"
     script.write_text(BLOCKS[i], encoding="utf-8")
     env = {"LLAMA_MTP_CACHE_DIR": str(tmp_path / "cache"), "PATH": "/usr/bin:/bin"}
+    # where the package and its GPU runtime were put by hand (pip --target, a CUDA toolkit)
+    env.update({k: os.environ[k] for k in ("PYTHONPATH", "LD_LIBRARY_PATH") if k in os.environ})
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
                          env=env)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -34,6 +34,8 @@ typedef void (*ggml_log_callback)(enum ggml_log_level level, const char * text, 
 typedef bool (*ggml_abort_callback)(void * data);
 
 const char * ggml_type_name(enum ggml_type type);
+size_t ggml_type_size(enum ggml_type type);
+int64_t ggml_blck_size(enum ggml_type type);
 
 typedef struct ggml_backend_reg * ggml_backend_reg_t;
 typedef struct ggml_backend_device * ggml_backend_dev_t;
@@ -198,6 +200,7 @@ struct llama_perf_context_data {
     double t_eval_ms;
     int32_t n_p_eval;
     int32_t n_eval;
+    int32_t n_reused;
     ...;
 };
 

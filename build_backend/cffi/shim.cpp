@@ -136,6 +136,11 @@ int32_t lmtp_decode(struct llama_context * ctx, struct llama_batch batch, bool e
 
     g_decoding.fetch_add(1);
     const int32_t rc = llama_decode(ctx, batch);
+    // llama_decode only queues the graph on a GPU (the wait comes with the first read of
+    // an output): wait here, so a decode is over when it returns -- its time is its own
+    // (the adaptive policy prices decodes by it), and Ctrl-C during the GPU's work is
+    // still held back until memory is consistent. A no-op on the CPU.
+    llama_synchronize(ctx);
     g_decoding.fetch_sub(1);
 
     if (state) {

@@ -43,7 +43,8 @@ void lmtp_sigint_arm(void);
 void lmtp_log_install(ggml_log_callback forward, int min_level);
 void lmtp_log_set_min_level(int min_level);
 
-/* llama_decode; on abort (2) or fatal error (< -1) every sequence of the batch
+/* llama_decode, then llama_synchronize (returns when a GPU has finished, not when the
+ * graph is queued); on abort (2) or fatal error (< -1) every sequence of the batch
  * is rolled back to its pre-call pos_max when exact_rollback (attention-only
  * memory), else removed entirely (dropped[seq] = 1; n_seq_max entries). */
 int32_t lmtp_decode(struct llama_context * ctx, struct llama_batch batch, bool exact_rollback,

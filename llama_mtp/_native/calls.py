@@ -80,6 +80,12 @@ def _ggml_types() -> dict[str, int]:
 GGML_TYPES = _ggml_types()
 
 
+def type_bytes(name: str) -> float:
+    """Bytes per element of a ggml type (``"f16"``: 2.0, ``"q4_0"``: 0.5625)."""
+    t = GGML_TYPES[name]
+    return int(lib.ggml_type_size(t)) / int(lib.ggml_blck_size(t))
+
+
 def _str(p: CData) -> str | None:
     return None if p == NULL else ffi.string(p).decode("utf-8", "replace")
 
@@ -454,7 +460,7 @@ def nextn_ith(ctx: CData, i: int, n_embd: int, owner: object) -> tuple[npt.NDArr
 def perf(ctx: CData) -> dict[str, float]:
     p = lib.llama_perf_context(ctx)
     return {"t_load_ms": p.t_load_ms, "t_p_eval_ms": p.t_p_eval_ms, "t_eval_ms": p.t_eval_ms,
-            "n_p_eval": p.n_p_eval, "n_eval": p.n_eval}
+            "n_p_eval": p.n_p_eval, "n_eval": p.n_eval, "n_reused": p.n_reused}
 
 
 def perf_reset(ctx: CData) -> None:

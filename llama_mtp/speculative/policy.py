@@ -511,6 +511,10 @@ class DraftPolicy:
         optimistic ones decides which sequences left at 0 get a 1-token probe.
         """
         cands = {s: Candidate(*c) for s, c in cands.items()}
+        if all(c.fixed is not None for c in cands.values()):
+            # nothing to choose (fixed lengths, n-gram drafts): no search, no estimate
+            self.estimated_tok_s, self._last, self._quiet = 0.0, {}, 0
+            return {s: max(0, min(c.fixed or 0, c.cap)) for s, c in cands.items()}
         if self._quiet > 0 and cands.keys() == self._quiet_accs.keys() and all(
                 c.fixed is None and c.backlog == 0 and c.acc is self._quiet_accs[s] and c.idle < self.probe_wait(c.acc)
                 for s, c in cands.items()):

@@ -114,6 +114,7 @@ class EngineStats:
     steps: int = 0
     spec: SpecStats = field(default_factory=SpecStats)
     estimated_tok_s: float = 0.0     # what the adaptive draft-length policy expected of the last step
+                                     # (0 where no sequence chose its length)
     measured_tok_s: float = 0.0      # what steps actually delivered (exponentially weighted)
 
     @property

@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import models  # noqa: E402
-from compare_upstream import RESULTS, add_common_args, draft_lengths, machine  # noqa: E402
+from compare_upstream import RESULTS, add_common_args, describe, draft_lengths, machine, model_line  # noqa: E402
 
 import llama_mtp as lm  # noqa: E402
 from llama_mtp.speculative import SpeculativeEngine  # noqa: E402
@@ -42,12 +42,10 @@ PROMPTS = ("word0 word1 word2 word3", "word130 word131 word132", "word260 word26
 SHIFT_PROMPTS = ("word0 word1 word2 word3", "word20 word21 word22", "word60 word61 word62")
 
 
-def level_model(name: str) -> tuple[Path, tuple[str, ...]]:
-    if name == "0":
-        return models.blind_model("0", (0, 401))[0], PROMPTS
-    if name == "shift":
-        return models.blind_model("shift", (40, 90))[0], SHIFT_PROMPTS
-    return models.bench_model(int(name) / 100)[0], PROMPTS
+def level_model(name: str, size: str = "0.3b") -> tuple[Path, tuple[str, ...]]:
+    if name in models.BLIND:
+        return models.blind_model(name, models.BLIND[name], size=size)[0], SHIFT_PROMPTS if name == "shift" else PROMPTS
+    return models.bench_model(int(name) / 100, size=size)[0], PROMPTS
 
 
 def measure(eng: SpeculativeEngine, model: lm.Model, prompts: tuple[str, ...], n: int,
@@ -84,7 +82,7 @@ def engine(model: lm.Model, k: int | str, n_par: int, threads: int, n_ctx: int) 
 
 
 def run_level(name: str, ks: list[int], pars: list[int], args: argparse.Namespace) -> dict[str, Any]:
-    path, prompts = level_model(name)
+    path, prompts = level_model(name, args.size)
     out: dict[str, Any] = {"model": path.name, "prompts": list(prompts)}
     with lm.Model(path) as model:
         for n_par in pars:
@@ -147,7 +145,7 @@ def run_level(name: str, ks: list[int], pars: list[int], args: argparse.Namespac
 def markdown(r: dict[str, Any]) -> str:
     s = r["settings"]
     lines = [f"### Adaptive draft length ({r['date']})", "",
-             f"{r['machine']['cpu']}, {r['machine']['cores']} cores, {s['threads']} threads; greedy; "
+             f"{describe(r['machine'], s['threads'])}; {model_line(s)}greedy; "
              f"{s['tokens']} tokens per sequence ({s['tokens'] // 2} with several sequences) from each of 3 prompts; "
              f"median of {s['repeat']} interleaved rounds; fixed k = {s['draft_lengths']}. Ratios: the median "
              f"over rounds and prompts of paired ratios (two configurations on the same prompt in the same "
@@ -177,8 +175,11 @@ def main() -> None:
     ap.add_argument("--levels", default="0,50,75,97,shift")
     ap.add_argument("--draft", default="1-6", help="fixed draft lengths to compare, e.g. 1-6 or 1,3")
     ap.add_argument("--parallel", default="1,4")
+    ap.add_argument("--size", default="0.3b", choices=sorted(models.SIZES), help="benchmark model size")
+    ap.add_argument("--tag", default="", help="suffix of the result files (adaptive-TAG.*), e.g. cuda")
     add_common_args(ap, tokens=96)
     args = ap.parse_args()
+    stem = "adaptive" + (f"-{args.tag}" if args.tag else "")
     if args.quick:
         args.repeat, args.tokens = 1, min(args.tokens, 48)
     ks = draft_lengths(args.draft)
@@ -188,7 +189,8 @@ def main() -> None:
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(),
                               "llama_cpp_commit": lm.build_info()["llama_cpp_commit"],
                               "settings": {"tokens": args.tokens, "repeat": args.repeat, "threads": args.threads,
-                                           "n_ctx": args.n_ctx, "draft_lengths": ks, "parallel": pars},
+                                           "n_ctx": args.n_ctx, "draft_lengths": ks, "parallel": pars,
+                                           "size": args.size, "n_params": models.n_params(models.base_spec(args.size))},
                               "levels": {}}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -197,11 +199,11 @@ def main() -> None:
         print(f"\n== {name}", flush=True)
         report["levels"][name] = run_level(name, ks, pars, args)
         report["wall_s"] = round(time.time() - t0, 1)
-        (out / "adaptive.json").write_text(json.dumps(report, indent=2))
+        (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
         md = markdown(report)
-        (out / "adaptive.md").write_text(md)
+        (out / f"{stem}.md").write_text(md)
     print("\n" + md)
-    print(f"wrote {out}/adaptive.{{json,md}} in {report['wall_s']:.0f} s")
+    print(f"wrote {out}/{stem}.{{json,md}} in {report['wall_s']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ class Cell:
     theirs_acc: float | None = None
     same_output: bool | None = None
     split: dict[str, float] = field(default_factory=dict)
+    theirs_decode_only: list[float] = field(default_factory=list)  # plain: llama-completion's decodes alone
 
     def ratio(self) -> float:
         return statistics.median(self.ours) / statistics.median(self.theirs)
@@ -67,6 +68,8 @@ class Cell:
             "ratio": round(self.ratio(), 4), "ours_runs": [round(x, 2) for x in self.ours],
             "upstream_runs": [round(x, 2) for x in self.theirs], "ours_acceptance": self.ours_acc,
             "upstream_acceptance": self.theirs_acc, "same_output": self.same_output, "time_split": self.split,
+            **({"upstream_decode_only_tok_s": round(statistics.median(self.theirs_decode_only), 2)}
+               if self.theirs_decode_only else {}),
         }
 
 
@@ -80,13 +83,30 @@ def _run(cmd: list[str], timeout: float = 600) -> subprocess.CompletedProcess[st
     return out
 
 
-def up_plain(bins: dict[str, Path], model: Path, prompt: str, n: int, threads: int, n_ctx: int) -> tuple[float, str]:
+#: extra flags for every upstream driver (``-ngl N`` when --gpu-layers is given). The drivers
+#: run their own warm-up decode before timing (on a GPU the first decode of a shape pays
+#: for cuBLAS handles and CUDA-graph capture; ours are warmed by untimed runs).
+UP_EXTRA: list[str] = []
+
+
+def up_plain(bins: dict[str, Path], model: Path, prompt: str, n: int, threads: int,
+             n_ctx: int) -> tuple[float, float, str]:
+    """llama-completion's generation loop: (tokens/s of the loop's wall clock, tokens/s of its
+    decodes alone, text). The loop -- decode, sample, print -- is what our side's timer
+    covers (decode, argmax, detokenize): its wall clock is llama.cpp's "total time" less the
+    prompt's. "eval time" counts the decodes alone, which a GPU makes a few percent faster
+    than the loop (sampling 32000 logits is ~40 us a token, a decode ~2 ms)."""
     out = _run([str(bins["llama-completion"]), "-m", str(model), "-p", prompt, "-n", str(n), "--temp", "0",
-                "-t", str(threads), "-c", str(n_ctx), "-no-cnv", "--no-display-prompt", "--no-warmup"])
-    m = re.search(r"eval time =\s+([\d.]+) ms /\s+(\d+) runs", out.stderr.split("prompt eval time")[-1])
-    if not m:
+                "-t", str(threads), "-c", str(n_ctx), "-no-cnv", "--no-display-prompt", *UP_EXTRA])
+    gen = out.stderr.split("prompt eval time")[-1]
+    m = re.search(r"eval time =\s+([\d.]+) ms /\s+(\d+) runs", gen)
+    prompt_ms = re.search(r"prompt eval time =\s+([\d.]+) ms", out.stderr)
+    total_ms = re.search(r"total time =\s+([\d.]+) ms", gen)
+    if not m or not prompt_ms or not total_ms:
         raise RuntimeError("could not parse llama-completion's timings:\n" + out.stderr[-1500:])
-    return int(m.group(2)) / (float(m.group(1)) / 1e3), out.stdout
+    runs = int(m.group(2))
+    loop_s = (float(total_ms.group(1)) - float(prompt_ms.group(1))) / 1e3
+    return runs / loop_s, runs / (float(m.group(1)) / 1e3), out.stdout
 
 
 def up_spec(bins: dict[str, Path], model: Path, prompt: str, n: int, k: int, threads: int,
@@ -107,7 +127,7 @@ def _up_spec_once(bins: dict[str, Path], model: Path, prompt: str, n: int, k: in
                   n_ctx: int) -> tuple[float, float, str]:
     out = _run([str(bins["llama-speculative-simple"]), "-m", str(model), "--spec-type", "draft-mtp",
                 "--spec-draft-n-max", str(k), "-p", prompt, "-n", str(n), "--temp", "0", "-t", str(threads),
-                "-c", str(n_ctx)])
+                "-c", str(n_ctx), *UP_EXTRA])
     sp = re.search(r"decoded\s+\d+ tokens in\s+[\d.]+ seconds, speed:\s+([\d.]+)", out.stderr)
     n_drafted = re.search(r"n_drafted = (\d+)", out.stderr)
     n_accept = re.search(r"n_accept\s+= (\d+)", out.stderr)
@@ -131,7 +151,7 @@ class Server:
     def __init__(self, bins: dict[str, Path], model: Path, n_par: int, k: int, threads: int, n_ctx: int) -> None:
         self.port = _free_port()
         cmd = [str(bins["llama-server"]), "-m", str(model), "-np", str(n_par), "-c", str(n_ctx * n_par),
-               "-t", str(threads), "--host", "127.0.0.1", "--port", str(self.port), "--no-warmup"]
+               "-t", str(threads), "--host", "127.0.0.1", "--port", str(self.port), *UP_EXTRA]
         if k > 0:
             cmd += ["--spec-type", "draft-mtp", "--spec-draft-n-max", str(k)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -264,8 +284,17 @@ def machine() -> dict[str, Any]:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
+    info = lm.build_info()
+    gpus = [f"{d['description']} ({d['memory_total'] / 2**30:.0f} GiB)" for d in info["devices"] if d["kind"] != "cpu"]
     return {"cpu": cpu or platform.processor(), "cores": os.cpu_count(), "python": platform.python_version(),
-            "platform": platform.platform(), "llama_mtp": lm.__version__}
+            "platform": platform.platform(), "llama_mtp": lm.__version__, "backends": info["backends"],
+            "gpus": gpus}
+
+
+def describe(m: dict[str, Any], threads: int) -> str:
+    """One line for a report: the GPU(s) when any, then the CPU."""
+    gpu = ", ".join(m.get("gpus") or [])
+    return (f"{gpu}; " if gpu else "") + f"{m['cpu']}, {m['cores']} cores, {threads} threads"
 
 
 def add_common_args(ap: argparse.ArgumentParser, tokens: int) -> None:
@@ -293,8 +322,17 @@ def main() -> None:
     ap.add_argument("--levels", default="50,75,97", help="acceptance levels in percent")
     ap.add_argument("--parallel", default="4,8", help="parallel counts for the server comparison")
     ap.add_argument("--parallel-k", type=int, default=3, help="draft length of the parallel comparison")
+    ap.add_argument("--size", default="0.3b", choices=sorted(models.SIZES), help="benchmark model size")
+    ap.add_argument("--gpu-layers", type=int, default=None,
+                    help="layers to offload, both sides (-ngl); default: llama.cpp's (all, on a GPU build)")
+    ap.add_argument("--upstream-bin", default=None,
+                    help=f"prebuilt llama.cpp drivers (a directory; also ${upstream.ENV_BIN}) instead of building them")
+    ap.add_argument("--tag", default="", help="suffix of the result files (compare_upstream-TAG.*), e.g. cuda")
     add_common_args(ap, tokens=128)
     args = ap.parse_args()
+    if args.gpu_layers is not None:
+        UP_EXTRA[:] = ["-ngl", str(args.gpu_layers)]
+    stem = "compare_upstream" + (f"-{args.tag}" if args.tag else "")
     if args.quick:
         args.draft = "1,3,6" if args.draft == "1-6" else args.draft
         args.repeat, args.tokens = min(args.repeat, 2), min(args.tokens, 64)
@@ -303,20 +341,25 @@ def main() -> None:
     pars = [int(x) for x in args.parallel.split(",") if x.strip()]
     t_start = time.time()
 
-    print("building llama.cpp's drivers from the pinned source (cached) ...", flush=True)
-    bins = upstream.build()
+    bins = upstream.prebuilt(args.upstream_bin)
+    if bins is None:
+        print("building llama.cpp's drivers from the pinned source (cached) ...", flush=True)
+        bins = upstream.build()
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(),
                               "llama_cpp_commit": lm.build_info()["llama_cpp_commit"],
                               "settings": {"tokens": args.tokens, "repeat": args.repeat, "threads": args.threads,
-                                           "n_ctx": args.n_ctx, "draft_lengths": ks, "cmake": upstream.cmake_flags()},
+                                           "n_ctx": args.n_ctx, "draft_lengths": ks, "parallel_k": args.parallel_k, "size": args.size,
+                                           "n_params": models.n_params(models.base_spec(args.size)),
+                                           "gpu_layers": args.gpu_layers,
+                                           "upstream": str(args.upstream_bin or "") or upstream.cmake_flags()},
                               "plain": {}, "mtp": {}, "parallel": {}}
     prompt = models.PROMPT
     md = ""
     for level in levels:
-        path, spec, predicted = models.bench_model(level)
+        path, spec, predicted = models.bench_model(level, size=args.size)
         tag = f"{int(round(level * 100))}"
         print(f"\n== acceptance ~{tag}% ({path.name}, mtp_noise {spec.mtp_noise}, predicted {predicted:.3f})", flush=True)
-        model = lm.Model(path)
+        model = lm.Model(path, n_gpu_layers=args.gpu_layers)
         ours = Ours(model, args.threads, args.n_ctx)
         cells: dict[str, Cell] = {"plain": Cell(), **{f"k{k}": Cell() for k in ks}}
         try:
@@ -329,7 +372,9 @@ def main() -> None:
                 for name, cell in cells.items():
                     k = 0 if name == "plain" else int(name[1:])
                     if k == 0:
-                        theirs, text_up = up_plain(bins, path, prompt, args.tokens, args.threads, args.n_ctx)
+                        theirs, decode_only, text_up = up_plain(bins, path, prompt, args.tokens, args.threads,
+                                                                args.n_ctx)
+                        cell.theirs_decode_only.append(decode_only)
                         mine, _, texts, split = ours.run(prompt, args.tokens, 0)
                     else:
                         theirs, acc_up, text_up = up_spec(bins, path, prompt, args.tokens, k, args.threads, args.n_ctx)
@@ -353,26 +398,26 @@ def main() -> None:
                 "ratio_to_upstream_best": round(statistics.median(auto_runs) / best_up, 4)}
             report["plain"][tag] = cells.pop("plain").as_dict()
             report["mtp"][tag] = {name: c.as_dict() for name, c in cells.items()}
-            if level == 0.75 or (level == levels[len(levels) // 2]):
+            if pars and (level == 0.75 or (0.75 not in levels and level == levels[len(levels) // 2])):
                 report["parallel"][tag] = run_parallel(bins, path, ours, prompt, pars, args)
         finally:
             ours.close()
             model.close()
         report["wall_s"] = round(time.time() - t_start, 1)
-        md = write_report(report, Path(args.out))  # after every level: a long run keeps what it measured
+        md = write_report(report, Path(args.out), stem)  # after every level: a long run keeps what it measured
     try:
-        plot(report, Path(args.out) / "compare_upstream.png")
+        plot(report, Path(args.out) / f"{stem}.png")
     except ImportError:
         print("(matplotlib not installed: no plot)")
     print("\n" + md)
-    print(f"wrote {args.out}/compare_upstream.{{json,md,png}} in {report['wall_s']:.0f} s")
+    print(f"wrote {args.out}/{stem}.{{json,md,png}} in {report['wall_s']:.0f} s")
 
 
-def write_report(report: dict[str, Any], out: Path) -> str:
+def write_report(report: dict[str, Any], out: Path, stem: str = "compare_upstream") -> str:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "compare_upstream.json").write_text(json.dumps(report, indent=2))
+    (out / f"{stem}.json").write_text(json.dumps(report, indent=2))
     md = markdown(report)
-    (out / "compare_upstream.md").write_text(md)
+    (out / f"{stem}.md").write_text(md)
     return md
 
 
@@ -408,9 +453,10 @@ def run_parallel(bins: dict[str, Path], path: Path, ours: Ours, prompt: str, par
 
 def markdown(r: dict[str, Any]) -> str:
     lines = [f"### llama-mtp vs llama.cpp ({r['date']})", "",
-             f"{r['machine']['cpu']}, {r['machine']['cores']} cores, {r['settings']['threads']} threads; "
+             f"{describe(r['machine'], r['settings']['threads'])}; "
              f"llama.cpp `{r['llama_cpp_commit'][:7]}` built with the same flags on both sides; "
-             f"{r['settings']['tokens']} tokens, greedy, median of {r['settings']['repeat']} interleaved runs.", "",
+             f"{model_line(r['settings'])}{r['settings']['tokens']} tokens, greedy, median of "
+             f"{r['settings']['repeat']} interleaved runs.", "",
              "| acceptance | plain: ours / llama-completion | " + " | ".join(
                  f"k={k}" for k in r["settings"]["draft_lengths"]) + " |",
              "|---|---|" + "---|" * len(r["settings"]["draft_lengths"])]
@@ -422,7 +468,9 @@ def markdown(r: dict[str, Any]) -> str:
                        f"(acc {c['ours_acceptance']:.2f}/{c['upstream_acceptance']:.2f}"
                        + ("" if c["same_output"] else ", output differs") + ")")
         lines.append("| " + " | ".join(row) + " |")
-    lines += ["", "MTP cells: ours / `llama-speculative-simple --spec-type draft-mtp` tok/s (acceptance ours/upstream).", ""]
+    lines += ["", "MTP cells: ours / `llama-speculative-simple --spec-type draft-mtp` tok/s (acceptance ours/upstream). "
+              "Plain: the generation loop's wall clock on both sides (llama-completion's total time less its "
+              "prompt; its decodes alone are in the JSON as `upstream_decode_only_tok_s`).", ""]
     if r.get("auto"):
         lines += ["Adaptive draft length (`draft_max='auto'`, one sequence) vs llama.cpp's best fixed k "
                   "(chosen after the fact):", "",
@@ -432,7 +480,9 @@ def markdown(r: dict[str, Any]) -> str:
                          f"**{a['ratio_to_upstream_best']:.3f}x** |")
         lines.append("")
     if r["parallel"]:
-        lines += ["| acceptance | parallel | ours, k=3 | ours, auto | llama-server -np N, k=3 | ratio k=3 | ratio auto |",
+        pk = r["settings"].get("parallel_k", 3)
+        lines += [f"| acceptance | parallel | ours, k={pk} | ours, auto | llama-server -np N, k={pk} | ratio k={pk} "
+                  "| ratio auto |",
                   "|---|---|---|---|---|---|---|"]
         for tag, cells in r["parallel"].items():
             for n_par, c in cells.items():
@@ -451,6 +501,11 @@ def markdown(r: dict[str, Any]) -> str:
                          f"({s['verify_s'] / step:.0%}), catch-up {s['catch_up_s']:.3f}, restore {s['restore_s']:.3f}, "
                          f"Python {s['python_s']:.3f} ({s['python_s'] / step:.1%})")
     return "\n".join(lines) + "\n"
+
+
+def model_line(settings: dict[str, Any]) -> str:
+    n = settings.get("n_params")
+    return f"{n / 1e9:.1f}B-parameter F16 model; " if n else ""
 
 
 def plot(r: dict[str, Any], out: Path) -> None:

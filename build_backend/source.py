@@ -167,6 +167,14 @@ def ensure_source(config_settings: Mapping[str, Any] | None = None, log=print) -
     return VENDOR_DIR
 
 
+def _clean_env() -> dict[str, str]:
+    """This process's environment without the variables of the PEP 517 hook we run in: pip
+    passes the build backend to its hook subprocess in ``_PYPROJECT_HOOKS_*`` (since pip
+    26.3 the backend path only when set), and a nested pip preparing the llama-cpp-python
+    sdist inherited ours -- it looked for scikit_build_core in this checkout, and failed."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("_PYPROJECT_HOOKS_")}
+
+
 def fetch(pin: Pin, log=print) -> Path:
     """The pinned sdist, from the cache or downloaded into it with pip."""
     cache = cache_dir() / "src"
@@ -185,7 +193,7 @@ def fetch(pin: Pin, log=print) -> Path:
             "--no-binary", pin.package, "--dest", tmp, spec,
         ]
         try:
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=_clean_env())
         except OSError as exc:  # pragma: no cover - interpreter vanished
             raise SourceError(f"could not run pip to fetch {spec}: {exc}") from exc
         got = Path(tmp) / pin.filename

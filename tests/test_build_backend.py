@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -90,9 +91,14 @@ def test_fetch_uses_cache_then_pip(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     cache = tmp_path / "cache"
     monkeypatch.setenv(source.ENV_CACHE, str(cache))
     calls: list[list[str]] = []
+    envs: list[dict[str, str]] = []
+    # as inside pip's PEP 517 hook for this package: the nested pip must not inherit them
+    monkeypatch.setenv("_PYPROJECT_HOOKS_BUILD_BACKEND", "build_backend")
+    monkeypatch.setenv("_PYPROJECT_HOOKS_BACKEND_PATH_JSON", '["."]')
 
-    def fake_run(cmd, capture_output, text):  # type: ignore[no-untyped-def]
+    def fake_run(cmd, capture_output, text, env):  # type: ignore[no-untyped-def]
         calls.append(cmd)
+        envs.append(env)
         dest = Path(cmd[cmd.index("--dest") + 1])
         (dest / pin.filename).write_bytes(tarball.read_bytes())
         return subprocess.CompletedProcess(cmd, 0, "", "")
@@ -103,6 +109,7 @@ def test_fetch_uses_cache_then_pip(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert calls and calls[0][1:4] == ["-m", "pip", "download"]
     assert f"{pin.package}=={pin.version}" in calls[0]
     assert "--no-binary" in calls[0]
+    assert not [k for k in envs[0] if k.startswith("_PYPROJECT_HOOKS_")] and envs[0]["PATH"] == os.environ["PATH"]
     # a second fetch is served from the cache
     source.fetch(pin, log=lambda *_: None)
     assert len(calls) == 1
@@ -114,7 +121,7 @@ def test_offline_without_cache_is_a_clear_error(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(
         source.subprocess,
         "run",
-        lambda cmd, capture_output, text: subprocess.CompletedProcess(cmd, 1, "", "ERROR: network is unreachable"),
+        lambda cmd, capture_output, text, env: subprocess.CompletedProcess(cmd, 1, "", "ERROR: network is unreachable"),
     )
     with pytest.raises(source.SourceError) as info:
         source.fetch(pin, log=lambda *_: None)
@@ -127,7 +134,7 @@ def test_wrong_sha_from_registry_is_refused(tmp_path: Path, monkeypatch: pytest.
     pin = source.Pin.load()
     monkeypatch.setenv(source.ENV_CACHE, str(tmp_path / "cache"))
 
-    def fake_run(cmd, capture_output, text):  # type: ignore[no-untyped-def]
+    def fake_run(cmd, capture_output, text, env):  # type: ignore[no-untyped-def]
         dest = Path(cmd[cmd.index("--dest") + 1])
         (dest / pin.filename).write_bytes(b"tampered")
         return subprocess.CompletedProcess(cmd, 0, "", "")

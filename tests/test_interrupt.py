@@ -159,8 +159,11 @@ ENGINE_SCRIPT = SIGINT_PRELUDE + textwrap.dedent(
             eng.step()
         return [eng.sequence(i).tokens for i in ids]
 
+    # long enough that the four interrupts below land before the sequences finish (at 60
+    # tokens a faster step left the last ones nothing to interrupt)
+    N_GEN = 200
     with SpeculativeEngine(m, max_sequences=4, n_ctx=4096, mtp=False, sampling=g) as ref:
-        want = run(ref, 60)
+        want = run(ref, N_GEN)
 
     with SpeculativeEngine(m, max_sequences=4, n_ctx=4096, draft_max=3, sampling=g, n_batch=4096) as eng:
         # 1. Ctrl-C during a long prefill: the new sequence is cleanly removed
@@ -177,7 +180,7 @@ ENGINE_SCRIPT = SIGINT_PRELUDE + textwrap.dedent(
         else:
             print("prefill interrupted", eng.free_slots, eng.target.memory.pos_max(0))
         # 2. Ctrl-C during steps: every sequence stays intact (replayed where needed)
-        ids = eng.add_many([dict(prompt=p, max_tokens=60) for p in prompts])
+        ids = eng.add_many([dict(prompt=p, max_tokens=N_GEN) for p in prompts])
         hits = 0
         for delay in (0.01, 0.02, 0.03, 0.05):
             threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT)).start()

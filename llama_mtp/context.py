@@ -487,18 +487,25 @@ def min_context_bytes(model: Model, n_ctx: int, *, mtp: bool = False, type_k: st
     may hold fewer KV heads than the model's first; recurrent state and compute buffers not
     counted."""
     meta = model.metadata
+
+    def meta_int(key: str, default: int) -> int:  # a scalar key; anything else (arrays): the default
+        try:
+            return int(meta.get(f"{model.arch}.{key}", default))
+        except ValueError:
+            return default
+
     if mtp:
         n_attn = model.n_layer_nextn
     elif model.is_recurrent:
         n_attn = 0
     elif model.is_hybrid:
-        interval = int(meta.get(f"{model.arch}.full_attention_interval", "0") or 0)
-        n_attn = model.n_layer // interval if interval > 0 else 0
+        interval = meta_int("full_attention_interval", 0)
+        n_attn = model.n_layer // interval if interval > 0 else 0  # unknown: none counted
     else:
         n_attn = model.n_layer
     head = model.n_embd // max(1, model.n_head)
-    k_len = int(meta.get(f"{model.arch}.attention.key_length", head) or head)
-    v_len = int(meta.get(f"{model.arch}.attention.value_length", head) or head)
+    k_len = meta_int("attention.key_length", head)
+    v_len = meta_int("attention.value_length", head)
     per_cell = n_attn * model.n_head_kv * (k_len * calls.type_bytes(type_k) + v_len * calls.type_bytes(type_v))
     return int(n_ctx * (CELL_BYTES + per_cell / 2))
 

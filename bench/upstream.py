@@ -59,8 +59,13 @@ def backend_defines(backend: str) -> list[str]:
     return out
 
 
+def _backend(backend: str | None) -> str:
+    """The backend asked for, else the package's own setting (``LLAMA_MTP_BACKEND``, default auto)."""
+    return os.environ.get("LLAMA_MTP_BACKEND", "auto") if backend is None else backend
+
+
 def cmake_flags(backend: str | None = None, shared: bool = False) -> list[str]:
-    backend = os.environ.get("LLAMA_MTP_BACKEND", "auto") if backend is None else backend
+    backend = _backend(backend)
     return [
         "-DCMAKE_BUILD_TYPE=Release",
         f"-DBUILD_SHARED_LIBS={'ON' if shared else 'OFF'}",
@@ -82,7 +87,7 @@ def cmake_flags(backend: str | None = None, shared: bool = False) -> list[str]:
 
 
 def build_dir(backend: str | None = None, shared: bool = False) -> Path:
-    backend = os.environ.get("LLAMA_MTP_BACKEND", "auto") if backend is None else backend
+    backend = _backend(backend)
     tag = "" if backend in ("", "auto") else "-" + backend.replace(",", "-")
     return HERE / "build" / f"upstream{tag}{'-shared' if shared else ''}"
 

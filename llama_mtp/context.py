@@ -513,7 +513,6 @@ def min_context_bytes(model: Model, n_ctx: int, *, mtp: bool = False, type_k: st
 def _available_memory(offload: bool) -> int | None:
     """Free host memory (Linux: MemAvailable; elsewhere the physical size), plus the GPUs'
     free memory where layers may offload; None when it cannot be told."""
-    host = None
     try:
         with open("/proc/meminfo") as f:
             host = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
@@ -534,7 +533,7 @@ def _check_room(model: Model, params: ContextParams, mtp: bool) -> None:
     n_ctx = params.n_ctx if params.n_ctx else model.n_ctx_train
     n_ctx = -(-n_ctx // 256) * 256  # llama.cpp pads it
     need = min_context_bytes(model, n_ctx, mtp=mtp, type_k=params.type_k or "f16", type_v=params.type_v or "f16")
-    avail = _available_memory(model.params.n_gpu_layers != 0 and bool(calls.capabilities()["gpu_offload"]))
+    avail = _available_memory(model.offloads)
     if avail is not None and need > avail:
         raise ContextError(
             f"a context of {n_ctx} tokens needs at least {need / 2**30:.1f} GiB (its KV cache and the bookkeeping of "

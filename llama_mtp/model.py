@@ -159,6 +159,12 @@ class Model:
     is_hybrid = property(lambda self: bool(self._info["is_hybrid"]), doc="recurrent + attention (Qwen3.5)")
 
     @property
+    def offloads(self) -> bool:
+        """Whether its layers may run on a GPU: a GPU build with a device, layers not kept
+        on the CPU (``n_gpu_layers=0``)."""
+        return bool(calls.capabilities()["gpu_offload"]) and self.params.n_gpu_layers != 0
+
+    @property
     def n_layer_nextn(self) -> int:
         """MTP (nextn) layers in the file, loaded or not."""
         return int(self._info["n_layer_nextn"])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import llama_mtp as lm
-from helpers import assert_greedy_matches, chi2_two_sample, greedy_reference_margins
+from helpers import GPU, assert_greedy_matches, chi2_two_sample, greedy_reference_margins
 from llama_mtp.speculative import ContextLengthError, SpeculativeEngine
 from llama_mtp.speculative.engine import REPLAY_DRAFT_MAX
 from llama_mtp.tiny import write_tiny_model
@@ -119,7 +119,7 @@ def test_rollback_auto_resolves_by_workload(model_path) -> None:
     there, the policy prices the replays); the resolved mode is what the target uses."""
     model = _models(str(model_path("noisy")))
     # on a GPU build the layers offload by default: snapshots there too (tests/test_gpu.py)
-    several = "snapshots" if lm.build_info()["capabilities"]["gpu_offload"] else "checkpoint"
+    several = "snapshots" if GPU else "checkpoint"
     for n_seq, want in ((1, "snapshots"), (3, several)):
         with SpeculativeEngine(model, max_sequences=n_seq, n_ctx=128, draft_cap=3, sampling=GREEDY) as eng:
             assert eng.rollback == want and eng.policy.replays == (want == "checkpoint")
@@ -455,9 +455,7 @@ def test_calibration_warms_each_shape_on_a_gpu(model_path, monkeypatch: pytest.M
     first decode of a shape pays for its CUDA graph (an H200 timed a cold 1-row verify at
     8 ms, a warm one at 2 ms, and the policy kept the cold price): there each shape is run
     once untimed first; on a CPU the calibration is as before."""
-    import llama_mtp.speculative.engine as engine_mod
-
-    monkeypatch.setattr(engine_mod, "_offloads", lambda model: offloaded)
+    monkeypatch.setattr(lm.Model, "offloads", property(lambda self: offloaded))
     model = _models(str(model_path("noisy")))
     calls: list[int] = []
     real = lm.Context.decode

@@ -33,7 +33,6 @@ import numpy as np
 import numpy.typing as npt
 
 from .. import _native
-from .._native import calls
 from ..batch import Batch
 from ..context import Checkpoint, Context
 from ..errors import ClosedError, LlamaError
@@ -73,11 +72,6 @@ SKIP_KEEP = 8
 #: tokens than this drafts nothing in it: a rejection restores the state from before the
 #: replay, which then grows (the policy prices replaying it again; this bounds it).
 REPLAY_DRAFT_MAX = 4
-
-
-def _offloads(model: Model) -> bool:
-    """Whether the model's layers may run on a GPU (a GPU build, layers not kept on the CPU)."""
-    return bool(calls.capabilities()["gpu_offload"]) and model.params.n_gpu_layers != 0
 
 
 class ContextLengthError(LlamaError, ValueError):
@@ -226,7 +220,7 @@ class SpeculativeEngine:
         base = params or ContextParams()
         if rollback == "auto":
             adaptive = self.default_spec.draft_max == "auto"  # the policy prices replays; a fixed k cannot
-            rollback = "checkpoint" if adaptive and max_sequences > 1 and not _offloads(model) else "snapshots"
+            rollback = "checkpoint" if adaptive and max_sequences > 1 and not model.offloads else "snapshots"
         #: how rejected drafts are undone: "snapshots" or "checkpoint" (``rollback="auto"`` resolved)
         self.rollback: Literal["snapshots", "checkpoint"] = rollback
         need = max_sequences * (draft_max + 1)
@@ -560,7 +554,7 @@ class SpeculativeEngine:
         # on a GPU the first decode of a shape pays once for its CUDA graph and buffers (an
         # H200 timed a cold 1-row verify at 8 ms, a warm one at ~2): warm each shape up first,
         # or the policy prices every length it does not choose at its cold cost for good
-        warm = _offloads(self.model)
+        warm = self.model.offloads
 
         def timed(run, reps: int) -> float:  # type: ignore[no-untyped-def]
             best = float("inf")

@@ -21,9 +21,10 @@ The policy tries a common length for everyone, then single-sequence steps up or
 down, while that raises tokens per second -- so it picks 0 when drafting cannot
 pay (or pays less than ``margin``), and the longest useful draft when acceptance
 is near 1. A sequence that stops
-drafting is probed with a 1-token draft now and then (after ``probe_gap`` steps,
-doubled for each failed draft in a row, up to ``probe_every``: a failed probe
-costs most of a plain step), so it can come back when its
+drafting is probed now and then (after ``probe_gap`` steps, doubled for each
+failed draft in a row, up to ``probe_every``: a failed probe costs most of a plain
+step) with the draft the optimistic estimates would choose -- a long one where only
+long drafts pay, so the deeper positions' evidence is refreshed too -- so it can come back when its
 text becomes predictable again. A probe is forced after ``probe_every`` idle steps
 only where the evidence has faded: while the engine's shadow guesses (what the MTP
 head predicted on catch-up rows) keep coming, the optimistic estimate decides. A
@@ -508,7 +509,7 @@ class DraftPolicy:
         decode has a fixed cost, shared by all the sequences it drafts for), then
         single-sequence steps up or down while they raise the expected tokens per
         second. It runs on the running acceptance estimates; a second run on
-        optimistic ones decides which sequences left at 0 get a 1-token probe.
+        optimistic ones decides which sequences left at 0 get a probe, and how long.
         """
         cands = {s: Candidate(*c) for s, c in cands.items()}
         if all(c.fixed is not None for c in cands.values()):
@@ -562,7 +563,12 @@ class DraftPolicy:
             opt, _ = self._search(caps, fixed, auto, opt_tables)
             for i in waiting:
                 acc, idle = cands[seqs[i]][1], cands[seqs[i]][3]
-                if opt[i] > 0 or (idle >= self.probe_every and acc.tries[0] < self.fresh_evidence):
+                if opt[i] > 0:
+                    # the length the optimistic estimates would choose: where only long drafts
+                    # pay (a compute-bound verify), a 1-token probe is a loss that tests nothing
+                    # beyond position 0, so deeper positions' stale evidence would never clear
+                    ks[i] = opt[i]
+                elif idle >= self.probe_every and acc.tries[0] < self.fresh_evidence:
                     ks[i] = 1
         self.estimated_tok_s = self._rate(ks, tables)
         out = dict(zip(seqs, ks))

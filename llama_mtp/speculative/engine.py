@@ -731,6 +731,8 @@ class SpeculativeEngine:
 
         # 5. accept, roll back, catch up
         o = 0
+        layout_ks: list[int] | None = None
+        layout_ids: list[int] | None = None
         for q in runnable:
             d = drafts[q.seq]
             k = len(d)
@@ -746,8 +748,14 @@ class SpeculativeEngine:
                 n_acc, new = verify_match(rows, d, q.sampler, q.history)
             q.state.stats.record(source[q.seq], k, n_acc, mode if k else None)
             if source[q.seq] == "mtp" and q.acc is not None:
-                q.acc.observe(k, n_acc)
-                self._acc_pool.observe(k, n_acc)
+                paid = None
+                if q.spec.draft_max == "auto":  # whether its draft earned its cost spaces out the probes
+                    if layout_ks is None:
+                        layout_ks = [len(drafts[x.seq]) for x in runnable]
+                        layout_ids = [x.seq for x in runnable]
+                    paid = self.policy.paid(layout_ks, runnable.index(q), n_acc, layout_ids)
+                q.acc.observe(k, n_acc, paid)
+                self._acc_pool.observe(k, n_acc, paid)
             q.idle = 0 if k else q.idle + 1
             sl = spans[q.seq]
             accepted = [q.id_last, *d[:n_acc]]
@@ -808,8 +816,8 @@ class SpeculativeEngine:
             if q is None or q.acc is None or q.idle == 0 or pos + 1 >= len(q.history):
                 continue  # drafting sequences have their own (better) evidence
             hit = int(guess == q.history[pos + 1])
-            q.acc.observe(1, hit)
-            self._acc_pool.observe(1, hit)
+            q.acc.observe(1, hit, shadow=True)
+            self._acc_pool.observe(1, hit, shadow=True)
 
     def _mode(self, q: _Seq) -> str:
         v = q.spec.verify

@@ -345,7 +345,7 @@ class Acceptance:
         self.bonus = bonus
         self.hits = [0.0] * max(1, n_max)
         self.tries = [0.0] * max(1, n_max)
-        self.fails = 0  # drafts in a row with nothing accepted (spaces out the probes)
+        self.fails = 0  # drafts in a row that did not pay for themselves (spaces out the probes)
 
     def alpha(self, i: int) -> float:
         """The running estimate of P(draft position i accepted | earlier ones were).
@@ -389,10 +389,14 @@ class Acceptance:
             self.hits[i] *= d
             self.tries[i] *= d
 
-    def observe(self, drafted: int, accepted: int) -> None:
-        """One verify: ``drafted`` positions proposed, the first ``accepted`` taken."""
-        if drafted > 0:
-            self.fails = 0 if accepted > 0 else self.fails + 1
+    def observe(self, drafted: int, accepted: int, paid: bool | None = None, shadow: bool = False) -> None:
+        """One verify: ``drafted`` positions proposed, the first ``accepted`` taken;
+        ``paid``: whether the draft earned its cost (:meth:`DraftPolicy.paid`; default:
+        whether anything was accepted) -- the drafts in a row that did not space out
+        the probes. ``shadow``: a guess nobody paid a verify for (evidence only)."""
+        if drafted > 0 and not shadow:
+            ok = accepted > 0 if paid is None else paid
+            self.fails = 0 if ok else self.fails + 1
         for i in range(min(drafted, len(self.hits))):
             if i > accepted:
                 break  # position i was never tested: an earlier one was rejected
@@ -576,6 +580,25 @@ class DraftPolicy:
         self._quiet = self.quiet_steps if len(auto) == len(seqs) and not any(ks) else 0
         self._quiet_accs = {s: c.acc for s, c in cands.items()} if self._quiet else {}
         return out
+
+    def paid(self, ks: list[int], i: int, accepted: int, ids: list[int] | None = None) -> bool:
+        """Whether sequence ``i``'s draft of ``ks[i]`` tokens, of which ``accepted`` were
+        taken, earned what it added to the step (its share of the MTP decodes and verify
+        rows, and a checkpoint's save and restore): its accepted tokens came at least as
+        cheap as the tokens of a step that drafts nothing. One accepted token of a long
+        draft resets nothing: where verify rows are dear, such probes lose time, and
+        their wait must keep growing."""
+        k = ks[i]
+        if k <= 0:
+            return True
+        c = self.costs
+        without = list(ks)
+        without[i] = 0
+        extra = c.step_seconds(ks, None, ids) - c.step_seconds(without, None, ids)
+        if self.replays:
+            extra += c.save + (c.restore if accepted < k else 0.0)
+        base = c.step_seconds([0] * len(ks), None, ids)
+        return accepted * base >= extra * len(ks)
 
     def probe_wait(self, acc: Acceptance) -> int:
         """Steps to wait before probing: ``probe_gap``, doubled for every failed draft in a

@@ -150,9 +150,10 @@ def test_switches_when_acceptance_changes() -> None:
         a.tick()
         a.observe(1, 0)
     assert p.choose({0: (6, a, None, 0)})[0] == 0
-    for _ in range(150):  # nothing drafted for a while: the faded evidence earns a 1-token probe
+    for _ in range(200):  # nothing drafted for a while: the faded evidence earns a probe
         a.tick()
-    assert p.choose({0: (6, a, None, 150)})[0] == 1
+    assert a.tries[0] < p.fresh_evidence and p.probe_wait(a) > 200  # due though its backoff is not over
+    assert p.choose({0: (6, a, None, 200)})[0] >= 1
     for _ in range(40):  # the probes land: drafting comes back
         a.tick()
         a.observe(max(1, p.choose({0: (6, a, None, 0)})[0]), 6)
@@ -202,35 +203,71 @@ def test_probes_back_off_while_they_fail() -> None:
     for _ in range(6):
         waits.append(p.probe_wait(a))
         a.observe(1, 0)
-    assert waits == sorted(waits) and waits[0] == p.probe_gap and waits[-1] == p.probe_every
-    for _ in range(90):  # no evidence since: it has faded
+    assert waits == sorted(waits) and waits[0] == p.probe_gap and waits[-1] > p.probe_every
+    b = Acceptance(6)
+    b.fails = 40
+    assert p.probe_wait(b) == p.probe_max  # capped
+    for _ in range(200):  # no evidence since: it has faded, so probe_every rules, not the backoff
         a.tick()
-    assert p.choose({0: (6, a, None, waits[-1] - 1)})[0] == 0  # not yet
-    assert p.choose({0: (6, a, None, waits[-1])})[0] == 1      # now a probe
+    assert a.tries[0] < p.fresh_evidence and p.probe_wait(a) > p.probe_every
+    assert p.choose({0: (6, a, None, p.probe_every - 1)})[0] == 0  # not yet
+    assert p.choose({0: (6, a, None, p.probe_every)})[0] >= 1      # now a probe
     a.observe(1, 1)  # it lands: the next probe may come soon again
     assert a.fails == 0 and p.probe_wait(a) == p.probe_gap
 
 
-def test_a_probe_is_as_long_as_the_optimistic_choice() -> None:
+def test_a_probe_is_the_shortest_draft_that_could_pay() -> None:
     """Where a 2-row verify costs almost two plain decodes (F16 weights on a small CPU),
-    only long drafts pay: a 1-token probe would lose and test nothing past position 0,
-    so stale evidence at the deeper positions would never clear. The probe takes the
-    length the optimistic estimates choose."""
+    only longer drafts pay: a 1-token probe would lose and test nothing past position
+    0, so stale evidence at the deeper positions would never clear. A probe is the
+    shortest draft that pays on the optimistic estimates."""
+    def stalled() -> Acceptance:
+        a = Acceptance(6)
+        for _ in range(20):  # drafts landed at position 0, then stalled at position 1
+            a.tick()
+            a.observe(6, 1)
+        for _ in range(120):  # idle since: the evidence fades
+            a.tick()
+        return a
+
     p = DraftPolicy(6)
     p.costs.verify.calibrate(1, [(1, 0.0135), (2, 0.0260), (3, 0.0270), (4, 0.0304), (5, 0.0337), (6, 0.0345),
                                  (7, 0.0355)])
     p.costs.draft.calibrate([(1, 0.0026)])
-    a = Acceptance(6)
-    for _ in range(20):  # long drafts landed, then stalled at position 1 and stopped
-        a.tick()
-        a.observe(6, 1)
-    assert p.choose({0: (6, a, None, 0)})[0] == 0
-    for _ in range(120):  # idle: the evidence fades
-        a.tick()
-    k = p.choose({0: (6, a, None, p.probe_wait(a))})[0]
-    assert k >= 4, k
     # a 1-token draft cannot pay on these costs, even if always accepted
     assert p.costs.step_seconds([1]) / 2 > p.costs.step_seconds([0])
+    a = stalled()
+    k = p.choose({0: (6, a, None, p.probe_wait(a))})[0]
+    assert k >= 2, k
+    opt = a.expected_table(6, optimistic=True)
+    rate = [opt[j] / p.costs.step_seconds([j]) for j in range(7)]
+    assert rate[k] > rate[0] >= max(rate[1:k])  # the shortest that pays, optimistically
+
+
+def test_probes_that_do_not_pay_back_off_though_something_lands() -> None:
+    """A draft pays when its accepted tokens come at least as cheap as a plain step's:
+    on dear verify rows, one token of a five-token draft does not -- such probes count
+    as failures and space out, as do drafts with nothing accepted. Shadow guesses (no
+    verify paid) move the estimate, never the backoff."""
+    p = compute_bound()
+    t0, t5 = p.costs.step_seconds([0]), p.costs.step_seconds([5])
+    assert not p.paid([5], 0, 1) and p.paid([5], 0, 5)
+    need = next(n for n in range(6) if p.paid([5], 0, n))
+    assert (1 + need) * t0 >= t5 > need * t0  # the break-even: tokens per second of a plain step
+    assert p.paid([0], 0, 0)  # no draft, nothing to pay for
+    # in a shared batch a draft is charged what it adds: on a memory-bound device one
+    # accepted token of four sequences' drafts pays for itself
+    assert memory_bound().paid([5, 5, 5, 5], 0, 1)
+    a = Acceptance(6)
+    waits = []
+    for _ in range(4):
+        a.observe(5, 1, paid=p.paid([5], 0, 1))
+        waits.append(p.probe_wait(a))
+    assert waits == sorted(waits) and waits[-1] > 2 * p.probe_gap, waits
+    a.observe(1, 1, shadow=True)
+    assert p.probe_wait(a) == waits[-1]
+    a.observe(5, 5, paid=p.paid([5], 0, 5))
+    assert a.fails == 0 and p.probe_wait(a) == p.probe_gap
 
 
 def test_a_new_sequence_inherits_recent_acceptance() -> None:

@@ -22,8 +22,8 @@ down, while that raises tokens per second -- so it picks 0 when drafting cannot
 pay (or pays less than ``margin``), and the longest useful draft when acceptance
 is near 1. A sequence that stops
 drafting is probed now and then (after ``probe_gap`` steps, doubled for each
-failed draft in a row, up to ``probe_every``: a failed probe costs most of a plain
-step) with the draft the optimistic estimates would choose -- a long one where only
+draft in a row that did not pay for itself, up to ``probe_max``: a failed probe
+costs one to three plain steps) with the draft the optimistic estimates would choose -- a long one where only
 long drafts pay, so the deeper positions' evidence is refreshed too -- so it can come back when its
 text becomes predictable again. A probe is forced after ``probe_every`` idle steps
 only where the evidence has faded: while the engine's shadow guesses (what the MTP
@@ -468,7 +468,7 @@ class DraftPolicy:
     """Chooses draft lengths for the sequences of one step."""
 
     def __init__(self, k_max: int, probe_every: int = 64, probe_gap: int = 8, hysteresis: float = 0.01,
-                 margin: float = 0.03) -> None:
+                 margin: float = 0.03, probe_max: int = 512) -> None:
         self.k_max = k_max
         #: drafting must promise this much more than not drafting: the costs are estimates
         #: from noisy timings (10..20% run to run on a small shared CPU), so where they call
@@ -485,6 +485,12 @@ class DraftPolicy:
         self._last: dict[int, int] = {}
         self._secs: dict[tuple[int, ...], float] = {}  # step_seconds of the layouts priced this choose()
         self.probe_every = probe_every
+        #: the longest wait between probes, reached after drafts that did not pay kept
+        #: coming (a long probe on a compute-bound CPU costs ~2..3 plain steps; every 64
+        #: steps that is ~3% of plain speed where drafting never pays). The shadow guesses
+        #: still move the running estimates meanwhile, so a sequence whose text turns
+        #: predictable drafts again without waiting for a probe.
+        self.probe_max = max(probe_max, probe_gap)
         # a sequence idle for probe_every steps is probed whatever the estimates say --
         # unless evidence still comes in without drafting (the engine's shadow guesses
         # keep ``tries[0]`` near 2..4): then the optimistic estimate alone decides
@@ -521,7 +527,7 @@ class DraftPolicy:
             self.estimated_tok_s, self._last, self._quiet = 0.0, {}, 0
             return {s: max(0, min(c.fixed or 0, c.cap)) for s, c in cands.items()}
         if self._quiet > 0 and cands.keys() == self._quiet_accs.keys() and all(
-                c.fixed is None and c.backlog == 0 and c.acc is self._quiet_accs[s] and c.idle < self.probe_wait(c.acc)
+                c.fixed is None and c.backlog == 0 and c.acc is self._quiet_accs[s] and not self._due(c.acc, c.idle)
                 for s, c in cands.items()):
             # nobody drafted last step, nobody is due a probe: the estimates move slowly (a
             # half-life of dozens of steps), so idle steps search again only every few steps
@@ -560,19 +566,16 @@ class DraftPolicy:
             if self._rate(prev, tables) >= floor:
                 ks = prev
         # sequences left at 0 that have waited long enough for a probe
-        waiting = [i for i in auto
-                   if ks[i] == 0 and caps[i] > 0 and cands[seqs[i]][3] >= self.probe_wait(cands[seqs[i]][1])]
+        waiting = [i for i in auto if ks[i] == 0 and caps[i] > 0 and self._due(cands[seqs[i]][1], cands[seqs[i]][3])]
         if waiting:
             opt_tables = [cands[s][1].expected_table(c, optimistic=True) for s, c in zip(seqs, caps)]
             opt, _ = self._search(caps, fixed, auto, opt_tables)
+            probing = [i for i in waiting if opt[i] > 0]
+            if probing:
+                ks = self._probe(ks, probing, opt, caps, opt_tables)
             for i in waiting:
                 acc, idle = cands[seqs[i]][1], cands[seqs[i]][3]
-                if opt[i] > 0:
-                    # the length the optimistic estimates would choose: where only long drafts
-                    # pay (a compute-bound verify), a 1-token probe is a loss that tests nothing
-                    # beyond position 0, so deeper positions' stale evidence would never clear
-                    ks[i] = opt[i]
-                elif idle >= self.probe_every and acc.tries[0] < self.fresh_evidence:
+                if opt[i] == 0 and idle >= self.probe_every and acc.tries[0] < self.fresh_evidence:
                     ks[i] = 1
         self.estimated_tok_s = self._rate(ks, tables)
         out = dict(zip(seqs, ks))
@@ -600,10 +603,34 @@ class DraftPolicy:
         base = c.step_seconds([0] * len(ks), None, ids)
         return accepted * base >= extra * len(ks)
 
+    def _probe(self, ks: list[int], probing: list[int], opt: list[int], caps: list[int],
+               opt_tables: list[list[float]]) -> list[int]:
+        """Probe lengths for the sequences in ``probing`` (the optimistic search drafts for
+        them): the shortest common draft that pays on the optimistic estimates -- a probe
+        is an experiment, and the cheapest one that can show drafting pays is the one to
+        run: 1 token where short drafts pay (a memory-bound device, a shared batch), longer
+        where only long ones can (a compute-bound verify on one sequence, where a 1-token
+        probe loses a step and tests nothing past position 0) -- else the optimistic choice."""
+        base = self._rate(ks, opt_tables)
+        trial = list(ks)
+        for k in range(1, max(opt[i] for i in probing) + 1):
+            for i in probing:
+                trial[i] = min(k, caps[i])
+            if self._rate(trial, opt_tables) > base:
+                return trial
+        for i in probing:
+            trial[i] = opt[i]
+        return trial
+
+    def _due(self, acc: Acceptance, idle: int) -> bool:
+        """Whether an idle sequence is due a probe: its backoff has passed, or its evidence
+        has faded (no shadow guesses either) for ``probe_every`` steps."""
+        return idle >= self.probe_wait(acc) or (idle >= self.probe_every and acc.tries[0] < self.fresh_evidence)
+
     def probe_wait(self, acc: Acceptance) -> int:
         """Steps to wait before probing: ``probe_gap``, doubled for every failed draft in a
-        row, up to ``probe_every`` -- on text the drafter never gets right, probes cost ~1%."""
-        return min(self.probe_every, self.probe_gap * 2 ** max(0, min(acc.fails - 1, 8)))
+        row that did not pay, up to ``probe_max``."""
+        return min(self.probe_max, self.probe_gap * 2 ** max(0, min(acc.fails - 1, 16)))
 
     def _rate(self, ks: list[int], tables: list[list[float]]) -> float:
         # without micro-batch splits a step costs the same whichever sequence drafts what

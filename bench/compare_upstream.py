@@ -49,6 +49,13 @@ RESULTS = HERE / "results"
 GREEDY = lm.SamplingParams(temperature=0.0)
 
 
+def paired(ours: list[float], theirs: list[float]) -> float:
+    """Median of ``ours[i] / theirs[i]`` over rounds (ratio of medians if they do not pair)."""
+    if ours and len(ours) == len(theirs):
+        return statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
+    return statistics.median(ours) / statistics.median(theirs)
+
+
 @dataclass
 class Cell:
     ours: list[float] = field(default_factory=list)
@@ -60,12 +67,16 @@ class Cell:
     theirs_decode_only: list[float] = field(default_factory=list)  # plain: llama-completion's decodes alone
 
     def ratio(self) -> float:
-        return statistics.median(self.ours) / statistics.median(self.theirs)
+        """The median of the per-round ratios (both sides of a round ran seconds apart, so a
+        drift of the machine's speed between rounds cancels), else the ratio of medians."""
+        return paired(self.ours, self.theirs)
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "ours_tok_s": round(statistics.median(self.ours), 2), "upstream_tok_s": round(statistics.median(self.theirs), 2),
-            "ratio": round(self.ratio(), 4), "ours_runs": [round(x, 2) for x in self.ours],
+            "ratio": round(self.ratio(), 4),
+            "ratio_of_medians": round(statistics.median(self.ours) / statistics.median(self.theirs), 4),
+            "ours_runs": [round(x, 2) for x in self.ours],
             "upstream_runs": [round(x, 2) for x in self.theirs], "ours_acceptance": self.ours_acc,
             "upstream_acceptance": self.theirs_acc, "same_output": self.same_output, "time_split": self.split,
             **({"upstream_decode_only_tok_s": round(statistics.median(self.theirs_decode_only), 2)}
@@ -448,6 +459,7 @@ def run_parallel(bins: dict[str, Path], path: Path, ours: Ours, prompt: str, par
         out[str(n_par)] = cell.as_dict()
         out[str(n_par)]["ours_auto_tok_s"] = round(statistics.median(auto_runs), 2)
         out[str(n_par)]["ours_auto_runs"] = [round(x, 2) for x in auto_runs]
+        out[str(n_par)]["auto_ratio"] = round(paired(auto_runs, cell.theirs), 4)
     return out
 
 
@@ -456,7 +468,8 @@ def markdown(r: dict[str, Any]) -> str:
              f"{describe(r['machine'], r['settings']['threads'])}; "
              f"llama.cpp `{r['llama_cpp_commit'][:7]}` built with the same flags on both sides; "
              f"{model_line(r['settings'])}{r['settings']['tokens']} tokens, greedy, median of "
-             f"{r['settings']['repeat']} interleaved runs.", "",
+             f"{r['settings']['repeat']} interleaved runs (tok/s: medians; ratios: the median of the per-run "
+             f"ratios, both sides of a run seconds apart).", "",
              "| acceptance | plain: ours / llama-completion | " + " | ".join(
                  f"k={k}" for k in r["settings"]["draft_lengths"]) + " |",
              "|---|---|" + "---|" * len(r["settings"]["draft_lengths"])]
@@ -488,7 +501,7 @@ def markdown(r: dict[str, Any]) -> str:
             for n_par, c in cells.items():
                 auto = c["ours_auto_tok_s"]
                 lines.append(f"| ~{tag}% | {n_par} | {c['ours_tok_s']:.1f} | {auto:.1f} | {c['upstream_tok_s']:.1f} | "
-                             f"**{c['ratio']:.3f}x** | **{auto / c['upstream_tok_s']:.3f}x** |")
+                             f"**{c['ratio']:.3f}x** | **{c.get('auto_ratio', auto / c['upstream_tok_s']):.3f}x** |")
         lines.append("")
     # time split of our step, from the k=3 cells
     lines += ["Our step, time split at k=3 (seconds over one generation):", ""]

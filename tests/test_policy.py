@@ -255,7 +255,7 @@ def test_probes_that_do_not_pay_back_off_though_something_lands() -> None:
     need = next(n for n in range(6) if p.paid([5], 0, n))
     assert (1 + need) * t0 >= t5 > need * t0  # the break-even: tokens per second of a plain step
     assert p.paid([0], 0, 0)  # no draft, nothing to pay for
-    # in a shared batch a draft is charged what it adds: on a memory-bound device one
+    # in a shared batch a draft bears its share of what drafting adds: on a memory-bound device one
     # accepted token of four sequences' drafts pays for itself
     assert memory_bound().paid([5, 5, 5, 5], 0, 1)
     a = Acceptance(6)

@@ -491,6 +491,8 @@ class DraftPolicy:
         #: still move the running estimates meanwhile, so a sequence whose text turns
         #: predictable drafts again without waiting for a probe.
         self.probe_max = max(probe_max, probe_gap)
+        #: paid()'s prices of the current step's layout: (plain step, what drafting adds, total drafted)
+        self._paid_memo: dict[tuple[tuple[int, ...], tuple[int, ...] | None], tuple[float, float, int]] = {}
         # a sequence idle for probe_every steps is probed whatever the estimates say --
         # unless evidence still comes in without drafting (the engine's shadow guesses
         # keep ``tries[0]`` near 2..4): then the optimistic estimate alone decides
@@ -522,6 +524,7 @@ class DraftPolicy:
         optimistic ones decides which sequences left at 0 get a probe, and how long.
         """
         cands = {s: Candidate(*c) for s, c in cands.items()}
+        self._paid_memo.clear()  # paid()'s prices are of the step being chosen now
         if all(c.fixed is not None for c in cands.values()):
             # nothing to choose (fixed lengths, n-gram drafts): no search, no estimate
             self.estimated_tok_s, self._last, self._quiet = 0.0, {}, 0
@@ -586,21 +589,26 @@ class DraftPolicy:
 
     def paid(self, ks: list[int], i: int, accepted: int, ids: list[int] | None = None) -> bool:
         """Whether sequence ``i``'s draft of ``ks[i]`` tokens, of which ``accepted`` were
-        taken, earned what it added to the step (its share of the MTP decodes and verify
-        rows, and a checkpoint's save and restore): its accepted tokens came at least as
-        cheap as the tokens of a step that drafts nothing. One accepted token of a long
-        draft resets nothing: where verify rows are dear, such probes lose time, and
-        their wait must keep growing."""
+        taken, earned what it added to the step: its accepted tokens came at least as
+        cheap as the tokens of a step that drafts nothing. A step's drafting cost (its
+        MTP decodes and extra verify rows, and with checkpoints a save and a restore) is
+        shared out by draft length -- exact for one sequence, and two prices a step
+        whatever the number of sequences. One accepted token of a long draft resets
+        nothing: where verify rows are dear, such probes lose time, and their wait
+        must keep growing."""
         k = ks[i]
         if k <= 0:
             return True
-        c = self.costs
-        without = list(ks)
-        without[i] = 0
-        extra = c.step_seconds(ks, None, ids) - c.step_seconds(without, None, ids)
+        key = (tuple(ks), tuple(ids) if ids is not None else None)
+        got = self._paid_memo.get(key)
+        if got is None:
+            c = self.costs
+            base = c.step_seconds([0] * len(ks), None, ids)
+            got = self._paid_memo[key] = (base, c.step_seconds(ks, None, ids) - base, sum(ks))
+        base, drafting, total = got
+        extra = drafting * k / total
         if self.replays:
-            extra += c.save + (c.restore if accepted < k else 0.0)
-        base = c.step_seconds([0] * len(ks), None, ids)
+            extra += self.costs.save + (self.costs.restore if accepted < k else 0.0)
         return accepted * base >= extra * len(ks)
 
     def _probe(self, ks: list[int], probing: list[int], opt: list[int], caps: list[int],

@@ -733,7 +733,7 @@ class SpeculativeEngine:
         o = 0
         layout_ks: list[int] | None = None
         layout_ids: list[int] | None = None
-        for q in runnable:
+        for j, q in enumerate(runnable):
             d = drafts[q.seq]
             k = len(d)
             rows = logits[o: o + k + 1]
@@ -753,7 +753,7 @@ class SpeculativeEngine:
                     if layout_ks is None:
                         layout_ks = [len(drafts[x.seq]) for x in runnable]
                         layout_ids = [x.seq for x in runnable]
-                    paid = self.policy.paid(layout_ks, runnable.index(q), n_acc, layout_ids)
+                    paid = self.policy.paid(layout_ks, j, n_acc, layout_ids)
                 q.acc.observe(k, n_acc, paid)
                 self._acc_pool.observe(k, n_acc, paid)
             q.idle = 0 if k else q.idle + 1

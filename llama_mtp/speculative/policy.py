@@ -23,9 +23,10 @@ pay (or pays less than ``margin``), and the longest useful draft when acceptance
 is near 1. A sequence that stops
 drafting is probed now and then (after ``probe_gap`` steps, doubled for each
 draft in a row that did not pay for itself, up to ``probe_max``: a failed probe
-costs one to three plain steps) with the draft the optimistic estimates would choose -- a long one where only
-long drafts pay, so the deeper positions' evidence is refreshed too -- so it can come back when its
-text becomes predictable again. A probe is forced after ``probe_every`` idle steps
+costs one to three plain steps) with the shortest draft that pays on the
+optimistic estimates -- one token where extra rows are cheap, longer where only
+long drafts pay, so the deeper positions' evidence is refreshed too -- so it can
+come back when its text becomes predictable again. A probe is forced after ``probe_every`` idle steps
 only where the evidence has faded: while the engine's shadow guesses (what the MTP
 head predicted on catch-up rows) keep coming, the optimistic estimate decides. A
 new sequence starts from the acceptance the engine has seen lately
@@ -332,7 +333,7 @@ class Acceptance:
 
     Evidence decays every step (``tick``), observed or not. Draft lengths are
     chosen on the running estimate; whether a sequence that stopped drafting
-    should try a 1-token probe is judged on an optimistic one -- the estimate
+    should be probed, and how long, is judged on an optimistic one -- the estimate
     plus a bonus that grows as its evidence fades (an upper confidence bound).
     A position with little evidence of its own follows the shallower positions.
     """
@@ -577,9 +578,8 @@ class DraftPolicy:
             if probing:
                 ks = self._probe(ks, probing, opt, caps, opt_tables)
             for i in waiting:
-                acc, idle = cands[seqs[i]][1], cands[seqs[i]][3]
-                if opt[i] == 0 and idle >= self.probe_every and acc.tries[0] < self.fresh_evidence:
-                    ks[i] = 1
+                if opt[i] == 0 and self._faded(cands[seqs[i]][1], cands[seqs[i]][3]):
+                    ks[i] = 1  # forced: nothing else will tell whether drafting pays again
         self.estimated_tok_s = self._rate(ks, tables)
         out = dict(zip(seqs, ks))
         self._last = {s: k for s, k in out.items() if fixed[seqs.index(s)] is None}
@@ -633,7 +633,11 @@ class DraftPolicy:
     def _due(self, acc: Acceptance, idle: int) -> bool:
         """Whether an idle sequence is due a probe: its backoff has passed, or its evidence
         has faded (no shadow guesses either) for ``probe_every`` steps."""
-        return idle >= self.probe_wait(acc) or (idle >= self.probe_every and acc.tries[0] < self.fresh_evidence)
+        return idle >= self.probe_wait(acc) or self._faded(acc, idle)
+
+    def _faded(self, acc: Acceptance, idle: int) -> bool:
+        """Idle for ``probe_every`` steps with no fresh evidence (shadow guesses) either."""
+        return idle >= self.probe_every and acc.tries[0] < self.fresh_evidence
 
     def probe_wait(self, acc: Acceptance) -> int:
         """Steps to wait before probing: ``probe_gap``, doubled for every failed draft in a

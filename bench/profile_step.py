@@ -92,8 +92,9 @@ def policy_view(eng: SpeculativeEngine) -> str:
     lines = [f"  policy: expected {st.estimated_tok_s:.0f} tok/s, measured {st.measured_tok_s:.0f} tok/s; "
              f"overhead {c.overhead * 1e3:.2f} ms a step; drafts chosen {dict(sorted(st.spec.draft_length_hist.items()))}"]
     for n, curve in sorted(c.verify.curves.items()):
-        lines.append(f"  verify, {n} sequence(s), ms by rows: {ms(curve.points)}")
-    lines.append(f"  MTP draft decode, ms by outputs: {ms(c.draft.points)}; first: {ms(c.first.points)}")
+        lines.append(f"  verify, {n} sequence(s), ms by rows: {ms(curve.now())}")
+    lines.append(f"  MTP draft decode, ms by outputs: {ms(c.draft.now())}; first: {ms(c.first.now())}; "
+                 f"speed drift since calibration: x{c.drift.factor:.3f}")
     lines.append(f"  acceptance by position: {st.spec.accepted_per_position}")
     return "\n".join(lines)
 

@@ -449,13 +449,18 @@ def test_idle_sequences_skip_catch_up(model_path) -> None:
     assert_greedy_matches(got, reference(path, tuple(prompt), n))
 
 
-@pytest.mark.parametrize("offloaded", [False, True])
-def test_calibration_warms_each_shape_on_a_gpu(model_path, monkeypatch: pytest.MonkeyPatch, offloaded: bool) -> None:
-    """draft_max='auto' times decodes of every shape when the engine is made. On a GPU the
-    first decode of a shape pays for its CUDA graph (an H200 timed a cold 1-row verify at
-    8 ms, a warm one at 2 ms, and the policy kept the cold price): there each shape is run
-    once untimed first; on a CPU the calibration is as before."""
-    monkeypatch.setattr(lm.Model, "offloads", property(lambda self: offloaded))
+@pytest.mark.parametrize("round_s", [None, 0.0])
+def test_calibration_times_each_shape_in_interleaved_rounds(model_path, monkeypatch: pytest.MonkeyPatch,
+                                                             round_s: float | None) -> None:
+    """draft_max='auto' times decodes of every shape when the engine is made: each shape
+    once untimed (on a GPU the first decode of a shape pays for its CUDA graph: an H200
+    timed a cold 1-row verify at 8 ms, a warm one at 2 ms), then in interleaved rounds
+    (every shape once a round, the best kept), so a CPU's speed drifting for a few
+    seconds cannot bend one shape against the others; one timed round where a round is long."""
+    from llama_mtp.speculative import engine as engine_mod
+
+    if round_s is not None:
+        monkeypatch.setattr(engine_mod, "CALIBRATION_ROUND_S", round_s)
     model = _models(str(model_path("noisy")))
     calls: list[int] = []
     real = lm.Context.decode
@@ -465,10 +470,14 @@ def test_calibration_warms_each_shape_on_a_gpu(model_path, monkeypatch: pytest.M
         real(self, batch)
 
     monkeypatch.setattr(lm.Context, "decode", counting)
-    with SpeculativeEngine(model, max_sequences=2, n_ctx=128, draft_cap=3, rollback="snapshots"):
-        pass
-    # verify shapes: 1 sequence x 1..4 rows, 2 sequences x 1..4 rows (2 timed runs each up to
-    # 8 rows); draft shapes: 1 and 2 outputs (2 timed runs each)
-    shapes = 4 + 4 + 2
-    timed = 2 * 4 + 2 * 4 + 2 * 2
-    assert len(calls) == timed + (shapes if offloaded else 0)
+    with SpeculativeEngine(model, max_sequences=2, n_ctx=128, draft_cap=3, rollback="snapshots") as eng:
+        costs = eng.policy.costs
+        assert sorted(costs.verify.curves) == [1, 2]
+        assert sorted(costs.verify.curve(1).points) == [1, 2, 3, 4]
+        assert sorted(costs.verify.curve(2).points) == [2, 4, 6, 8]
+        assert sorted(costs.draft.points) == [1, 2]
+    # a round: verifies of 1 sequence x 1..4 rows and 2 sequences x 1..4 rows, then MTP
+    # draft decodes of 1 and 2 outputs
+    one_round = [1, 2, 3, 4] + [2 * r for r in (1, 2, 3, 4)] + [1, 2]
+    rounds = 2 if round_s == 0.0 else engine_mod.CALIBRATION_ROUNDS + 1
+    assert calls == one_round * rounds

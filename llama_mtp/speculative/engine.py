@@ -23,9 +23,10 @@ token the output of plain decoding, whatever the drafts were.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -72,6 +73,11 @@ SKIP_KEEP = 8
 #: tokens than this drafts nothing in it: a rejection restores the state from before the
 #: replay, which then grows (the policy prices replaying it again; this bounds it).
 REPLAY_DRAFT_MAX = 4
+#: The adaptive policy's calibration times every decode shape in this many interleaved
+#: rounds (after one untimed round) and keeps the best of each -- fewer where one round
+#: takes longer than CALIBRATION_ROUND_S seconds (big batches time steadily).
+CALIBRATION_ROUNDS = 3
+CALIBRATION_ROUND_S = 1.0
 
 
 class ContextLengthError(LlamaError, ValueError):
@@ -216,6 +222,7 @@ class SpeculativeEngine:
         self.draft_max = draft_max
         self.policy = DraftPolicy(draft_max)
         self._acc_pool = Acceptance(max(1, draft_max))  # every sequence's MTP verifies: new sequences' prior
+        self._last_fails = 0  # the probe backoff of the sequence that finished last
         self.max_sequences = max_sequences
         base = params or ContextParams()
         if rollback == "auto":
@@ -385,8 +392,12 @@ class SpeculativeEngine:
         )
 
     def _new_acceptance(self) -> Acceptance:
-        acc = Acceptance(max(1, self.draft_max))
-        acc.inherit(self._acc_pool)
+        # it starts from the engine's pooled evidence (same model, often the same kind of
+        # text) and shrinks towards it while its own is thin
+        acc = Acceptance(max(1, self.draft_max), parent=self._acc_pool)
+        # and from the probe backoff where the last sequence ended (the pool's own count
+        # would add up every sequence's failed drafts: four in lockstep, four a step)
+        acc.fails = self._last_fails
         return acc
 
     def _prefill(self, seqs: list[_Seq], sample_first: bool) -> None:
@@ -478,6 +489,8 @@ class SpeculativeEngine:
             self.drafter.remove(seq_id)
 
     def _finish(self, q: _Seq) -> None:
+        if q.acc is not None:
+            self._last_fails = q.acc.fails
         q.state.t_done = time.perf_counter()
         self.stats.spec.merge(q.state.stats)
         self._drop(q.seq)
@@ -551,19 +564,39 @@ class SpeculativeEngine:
         mem = self.target.memory
         d = self.drafter
 
-        # on a GPU the first decode of a shape pays once for its CUDA graph and buffers (an
-        # H200 timed a cold 1-row verify at 8 ms, a warm one at ~2): warm each shape up first,
-        # or the policy prices every length it does not choose at its cold cost for good
-        warm = self.model.offloads
+        # every shape is decoded once untimed (on a GPU the first decode of a shape pays for
+        # its CUDA graph and buffers: an H200 timed a cold 1-row verify at 8 ms, a warm one at
+        # ~2), then timed in interleaved rounds, best of each: a CPU whose speed drifts for a
+        # few seconds must not bend the curves' shapes -- the policy re-measures only the
+        # layouts it chooses, so a shape wrong here decides for the whole run
+        def verify(n: int, per: int) -> None:
+            for s in range(n):
+                mem.seq_rm(s, -1, -1)
+            b.clear()
+            for s in range(n):
+                b.extend([tok] * per, 0, s, outputs="all")
+            self.target.decode(b)
 
-        def timed(run, reps: int) -> float:  # type: ignore[no-untyped-def]
-            best = float("inf")
-            if warm:
-                run()
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                run()
-                best = min(best, time.perf_counter() - t0)
+        h = np.zeros(d.hidden_dim, dtype=np.float32)
+
+        def draft(n: int) -> None:
+            d.ctx.memory.seq_rm(free, -1, -1)
+            d.batch.clear()
+            for j in range(n):  # one output per drafting sequence (all on the free slot here)
+                d.batch.add(tok, j, free, output=True, hidden=h)
+            d.ctx.decode(d.batch)
+
+        def best_of(runs: dict[tuple[str, int, int], Callable[[], None]]) -> dict[tuple[str, int, int], float]:
+            best = dict.fromkeys(runs, float("inf"))
+            for rnd in range(CALIBRATION_ROUNDS + 1):
+                t_round = time.perf_counter()
+                for key, run in runs.items():
+                    t0 = time.perf_counter()
+                    run()
+                    if rnd > 0:  # round 0 warms every shape up
+                        best[key] = min(best[key], time.perf_counter() - t0)
+                if rnd == 1 and time.perf_counter() - t_round > CALIBRATION_ROUND_S:
+                    break  # big batches: their timings are long enough to trust one
             return best
 
         try:
@@ -572,21 +605,23 @@ class SpeculativeEngine:
             if self.max_sequences > 1:
                 layouts[self.max_sequences] = [(self.max_sequences, r) for r in range(1, self.draft_max + 2)
                                                if self.max_sequences * r <= b.capacity]
-            for n_seqs, shapes in layouts.items():
-                pts = []
+            counts = sorted({x for x in (1, 2, 4, 8, 16, 32, 64, 128, 256) if x <= self.max_sequences}
+                            | {self.max_sequences})
+            runs: dict[tuple[str, int, int], Callable[[], None]] = {}
+            for shapes in layouts.values():
                 for n, per in shapes:
-                    def verify(n: int = n, per: int = per) -> None:
-                        for s in range(n):
-                            mem.seq_rm(s, -1, -1)
-                        b.clear()
-                        for s in range(n):
-                            b.extend([tok] * per, 0, s, outputs="all")
-                        self.target.decode(b)
-                    pts.append((n * per, timed(verify, 2 if n * per <= 8 else 1)))
-                self.policy.costs.verify.calibrate(n_seqs, pts)
+                    runs["verify", n, per] = functools.partial(verify, n, per)
+            for n in counts:
+                runs["draft", n, 1] = functools.partial(draft, n)
+            best = best_of(runs)
+            for n_seqs, shapes in layouts.items():
+                self.policy.costs.verify.calibrate(n_seqs, [(n * per, best["verify", n, per]) for n, per in shapes])
+            self.policy.costs.draft.calibrate([(n, best["draft", n, 1]) for n in counts])
             if self.policy.replays:  # what a checkpoint draft's save and a rejection's restore cost
+                for s in range(self.max_sequences):  # every sequence's buffer allocated and touched now
+                    self.target.checkpoint(s, partial=True, reuse=True)
                 saves, restores = [], []
-                for _ in range(3):  # the first one also allocates the buffer it reuses: the best counts
+                for _ in range(3):
                     t0 = time.perf_counter()
                     ck = self.target.checkpoint(0, partial=True, reuse=True)
                     t1 = time.perf_counter()
@@ -594,18 +629,6 @@ class SpeculativeEngine:
                     saves.append(t1 - t0)
                     restores.append(time.perf_counter() - t1)
                 self.policy.costs.save, self.policy.costs.restore = min(saves), min(restores)
-            h = np.zeros(d.hidden_dim, dtype=np.float32)
-            dpts = []
-            for n in sorted({x for x in (1, 2, 4, 8, 16, 32, 64, 128, 256) if x <= self.max_sequences}
-                            | {self.max_sequences}):
-                def draft(n: int = n) -> None:
-                    d.ctx.memory.seq_rm(free, -1, -1)
-                    d.batch.clear()
-                    for j in range(n):  # one output per drafting sequence (all on the free slot here)
-                        d.batch.add(tok, j, free, output=True, hidden=h)
-                    d.ctx.decode(d.batch)
-                dpts.append((n, timed(draft, 2 if n <= 8 else 1)))
-            self.policy.costs.draft.calibrate(dpts)
         finally:
             for s in range(self.max_sequences):
                 if s not in self._seqs:
@@ -724,8 +747,11 @@ class SpeculativeEngine:
         if self.drafter is not None:
             layout = [q.n_backlog + 1 + len(drafts[q.seq]) for q in runnable]
             ids = [q.seq for q in runnable]
-            if self.policy.costs.single_ubatch(layout, ids):  # the curves are of single decodes
+            one_pass = self.policy.costs.single_ubatch(layout, ids)
+            if one_pass:  # the curves are of single decodes
                 self.policy.costs.verify.observe(len(runnable), b.n_tokens, dt)
+            if self.policy.replays and len(runnable) > 1 and any(q.n_backlog for q in runnable):
+                self.policy.costs.observe_level(one_pass)
         logits = self.target.logits_all()
         hidden = self.target.hidden_all() if self.drafter is not None else None
 

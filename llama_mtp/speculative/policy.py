@@ -28,9 +28,16 @@ optimistic estimates -- one token where extra rows are cheap, longer where only
 long drafts pay, so the deeper positions' evidence is refreshed too -- so it can
 come back when its text becomes predictable again. A probe is forced after ``probe_every`` idle steps
 only where the evidence has faded: while the engine's shadow guesses (what the MTP
-head predicted on catch-up rows) keep coming, the optimistic estimate decides. A
-new sequence starts from the acceptance the engine has seen lately
-(:meth:`Acceptance.inherit`), not from the prior.
+head predicted on catch-up rows) keep coming, the optimistic estimate decides. Each
+sequence's estimates shrink towards the engine's pool of every sequence's evidence
+(``Acceptance.parent``, less its own), so a new sequence starts from what the engine
+has seen lately, and an idle one hears of the others' shadow guesses too. A position
+past the deepest one with evidence of its own gets an optimistic bonus (``explore``),
+or a sequence drafting one token at a time would never learn that a second lands.
+
+Costs share one :class:`Drift` factor: the policy re-measures only the layouts it
+chooses, and a small CPU's speed drifts 10..20% within minutes, so the layouts it does
+not choose follow the speed of those it does.
 
 On a context without rollback snapshots (``replays``: the engine's
 ``rollback="checkpoint"``) a draft also costs a checkpoint of the sequence's state,
@@ -44,7 +51,7 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-__all__ = ["Acceptance", "Candidate", "CostModel", "DraftPolicy", "LinearCost", "PiecewiseCost", "VerifyCost",
+__all__ = ["Acceptance", "Candidate", "CostModel", "DraftPolicy", "Drift", "PiecewiseCost", "VerifyCost",
            "equal_split"]
 
 
@@ -55,59 +62,30 @@ def _ewma(old: float, x: float, weight: float) -> float:
     return x if old == 0.0 else (1.0 - weight) * old + weight * x
 
 
-class LinearCost:
-    """``seconds = a + b * rows``: exponentially weighted least squares (with a prior)."""
+class Drift:
+    """How fast this machine runs now against when its decode costs were measured: one
+    factor shared by every cost curve of an engine (``> 1``: slower now).
 
-    def __init__(self, a: float, b: float, halflife: float = 32.0) -> None:
-        self.decay = 0.5 ** (1.0 / halflife)
-        # sufficient statistics of the weighted fit, seeded with two prior points
-        self.sw = self.sx = self.sy = self.sxx = self.sxy = 0.0
-        self.n = 0
-        self._prior(a, b)
+    A small shared CPU drifts 10..20% within minutes (clock, neighbours), and all its
+    decodes drift together. The policy only ever re-measures the layouts it chooses, so
+    without a shared factor the chosen layout follows the drift and the others keep the
+    speed of their last measurement -- a slow calibration followed by a fast minute
+    makes every draft look dear against a plain step that was just re-timed, and
+    drafting never comes back to be measured again. With it, a curve keeps each point's
+    *shape* (its seconds at factor 1) and every observation of an established point
+    moves the factor by part of the way, so the points nobody chooses follow the speed
+    of the ones that are.
+    """
 
-    def _prior(self, a: float, b: float, weight: float = 0.5) -> None:
-        for x in (1.0, 8.0):
-            self._add(x, a + b * x, weight=weight)
+    def __init__(self, rate: float = 0.3, clamp: float = 2.0) -> None:
+        self.factor = 1.0
+        self.rate = rate
+        self.clamp = clamp  # one sample moves the factor by at most this ratio ** rate
 
-    def calibrate(self, points: list[tuple[int, float]], weight: float = 4.0) -> None:
-        """Replace the prior by measured points (each worth ``weight`` observations)."""
-        self.sw = self.sx = self.sy = self.sxx = self.sxy = 0.0
-        for x, y in points:
-            self._add(float(x), float(y), weight=weight)
-
-    def _add(self, x: float, y: float, weight: float = 1.0) -> None:
-        self.sw += weight
-        self.sx += weight * x
-        self.sy += weight * y
-        self.sxx += weight * x * x
-        self.sxy += weight * x * y
-
-    def observe(self, rows: int, seconds: float) -> None:
-        if rows <= 0 or seconds <= 0.0:
-            return
-        d = self.decay
-        self.sw, self.sx, self.sy, self.sxx, self.sxy = (d * self.sw, d * self.sx, d * self.sy, d * self.sxx,
-                                                         d * self.sxy)
-        self._add(float(rows), float(seconds))
-        self.n += 1
-
-    @property
-    def coef(self) -> tuple[float, float]:
-        denom = self.sw * self.sxx - self.sx * self.sx
-        if denom <= 1e-18:
-            return self.sy / max(self.sw, 1e-12), 0.0
-        b = (self.sw * self.sxy - self.sx * self.sy) / denom
-        b = max(b, 0.0)  # more rows never cost less
-        a = (self.sy - b * self.sx) / self.sw
-        if a < 0.0:  # keep the fit physical
-            a, b = 0.0, self.sy / max(self.sx, 1e-12)
-        return a, b
-
-    def __call__(self, rows: int) -> float:
-        if rows <= 0:
-            return 0.0
-        a, b = self.coef
-        return a + b * rows
+    def observe(self, ratio: float) -> None:
+        """A decode took ``ratio`` times what its established point predicted."""
+        if ratio > 0.0:
+            self.factor *= min(self.clamp, max(1.0 / self.clamp, ratio)) ** self.rate
 
 
 class PiecewiseCost:
@@ -117,25 +95,55 @@ class PiecewiseCost:
     row as it grows), so the model keeps an exponentially weighted mean per row
     count that was measured, interpolates linearly between them, and extrapolates
     from the last two points. Until anything is measured it falls back on a line.
+
+    With a :class:`Drift`, ``points`` hold seconds at factor 1 (the shape) and every
+    answer is scaled by the current factor; observations of established points (a
+    calibrated one, or one observed twice already) move the factor, and each point
+    learns what is its own (a point's first observations weigh most).
     """
 
-    def __init__(self, a: float, b: float, weight: float = 0.25) -> None:
+    #: what a calibrated point weighs, in observations: a careful measurement of the shape
+    #: (its first observations must not take the drift of the moment for its own)
+    CALIBRATED = 32
+
+    def __init__(self, a: float, b: float, weight: float = 0.25, drift: Drift | None = None) -> None:
         self.line = (a, b)
         self.weight = weight
-        self.points: dict[int, float] = {}
-        self._memo: dict[int, float] = {}  # __call__'s answers since the points last changed
+        self.drift = drift
+        self.points: dict[int, float] = {}   # seconds at drift factor 1
+        self.counts: dict[int, int] = {}     # observations behind each point
+        self._memo: dict[int, float] = {}    # __call__'s answers (at factor 1) since the points last changed
 
-    def calibrate(self, points: list[tuple[int, float]]) -> None:
+    @property
+    def factor(self) -> float:
+        return self.drift.factor if self.drift is not None else 1.0
+
+    def calibrate(self, points: list[tuple[int, float]], count: int | None = None) -> None:
+        """Set points measured now, each worth ``count`` observations (default
+        :attr:`CALIBRATED`; 1 for a guess the first observation moves halfway)."""
+        f = self.factor
         for rows, secs in points:
-            self.points[int(rows)] = float(secs)
+            self.points[int(rows)] = float(secs) / f
+            self.counts[int(rows)] = self.CALIBRATED if count is None else count
         self._memo.clear()
 
     def observe(self, rows: int, seconds: float) -> None:
         if rows <= 0 or seconds <= 0.0:
             return
         old = self.points.get(rows)
-        self.points[rows] = seconds if old is None else (1 - self.weight) * old + self.weight * seconds
+        n = self.counts.get(rows, 0)
+        if old is not None and n >= 2 and self.drift is not None:
+            self.drift.observe(seconds / (old * self.drift.factor))
+        x = seconds / self.factor
+        w = max(self.weight, 1.0 / (n + 1))
+        self.points[rows] = x if old is None else (1 - w) * old + w * x
+        self.counts[rows] = n + 1
         self._memo.clear()
+
+    def now(self) -> dict[int, float]:
+        """The points in seconds at the current speed."""
+        f = self.factor
+        return {r: v * f for r, v in self.points.items()}
 
     def __call__(self, rows: int) -> float:
         """Seconds for ``rows``, never more than a measured larger row count costs (a
@@ -148,7 +156,7 @@ class PiecewiseCost:
             est = self._interp(rows)
             above = [v for x, v in self.points.items() if x > rows]
             got = self._memo[rows] = min(est, min(above)) if above else est
-        return got
+        return got * self.factor
 
     def _interp(self, rows: int) -> float:
         if rows in self.points:
@@ -177,12 +185,14 @@ class VerifyCost:
     differently: recurrent layers run sequences in parallel, tokens in order);
     a count never measured borrows the nearest curve."""
 
-    def __init__(self) -> None:
+    def __init__(self, drift: Drift | None = None, weight: float = 0.25) -> None:
         self.curves: dict[int, PiecewiseCost] = {}
+        self.drift = drift
+        self.weight = weight
 
     def curve(self, n_seqs: int) -> PiecewiseCost:
         if n_seqs not in self.curves:
-            self.curves[n_seqs] = PiecewiseCost(0.02, 0.004)
+            self.curves[n_seqs] = PiecewiseCost(0.02, 0.004, self.weight, self.drift)
         return self.curves[n_seqs]
 
     def observe(self, n_seqs: int, rows: int, seconds: float) -> None:
@@ -259,15 +269,18 @@ def equal_split(rows: list[tuple[int, int]], n_ubatch: int, sequential: bool = T
 
 @dataclass
 class CostModel:
-    """Measured costs of one engine's decodes."""
+    """Measured costs of one engine's decodes (every decode curve shares one :class:`Drift`)."""
 
-    verify: VerifyCost = field(default_factory=VerifyCost)
+    #: the machine's speed now against when the points were measured, shared by the curves
+    drift: Drift = field(default_factory=Drift)
+    #: target decodes by (sequences, rows)
+    verify: VerifyCost = field(init=False)
     #: an MTP draft decode by its outputs (the drafting sequences)
-    draft: PiecewiseCost = field(default_factory=lambda: PiecewiseCost(0.004, 0.001))
+    draft: PiecewiseCost = field(init=False)
     #: a drafting step's first MTP decode by its drafting sequences: it also carries the
     #: catch-up rows of what the last verify accepted, which a sequence that does not
     #: draft feeds the MTP context in cheaper batches (or skips); never below ``draft``
-    first: PiecewiseCost = field(default_factory=lambda: PiecewiseCost(0.004, 0.001))
+    first: PiecewiseCost = field(init=False)
 
     #: checkpoint rollback (a context without snapshots): seconds to save one drafting
     #: sequence's recurrent state before the verify, and to restore it after a rejection
@@ -280,15 +293,40 @@ class CostModel:
     #: how the target cuts a verify into micro-batches: (n_ubatch, sequential, keep_tail)
     #: of :func:`equal_split` on recurrent / hybrid memory; None: one decode (attention only)
     split: tuple[int, bool, int] | None = None
+    #: how often a verify that carries replays was one pass anyway (its sequences' rows
+    #: level): sequences whose rejections are independent make uneven layouts, extra
+    #: passes; sequences in lockstep (the same prompt greedily, a batch of near-identical
+    #: requests) reject together and stay level. Measured: the expected extra pass of an
+    #: overflowing replay is priced at (1 - level).
+    level: float = 0.0
+
+    #: how far one observation moves an established point: the drift factor (which moves
+    #: 0.3 of the way in log) takes ~90% of a change of speed, a point learns only what is
+    #: its own shape. Noise in the factor costs little: it scales every decode alike.
+    POINT_WEIGHT = 0.03
+
+    def __post_init__(self) -> None:
+        #: passes() by layout: equal_split was a third of a plain step's Python on one sequence
+        self._passes: dict[tuple[object, ...], list[tuple[int, int]]] = {}
+        self.verify = VerifyCost(self.drift, self.POINT_WEIGHT)
+        self.draft = PiecewiseCost(0.004, 0.001, self.POINT_WEIGHT, self.drift)
+        self.first = PiecewiseCost(0.004, 0.001, self.POINT_WEIGHT, self.drift)
 
     def passes(self, rows: list[int], ids: list[int] | None = None) -> list[tuple[int, int]]:
         """(sequences, rows) of each decode pass of a verify whose sequences (ids in batch
         order, default 0, 1, ...) hold ``rows`` tokens each."""
         if self.split is None:
             return [(len(rows), sum(rows))]
-        n_ubatch, sequential, tail = self.split
-        ids = ids if ids is not None else list(range(len(rows)))
-        return [(n, n * t) for n, t in equal_split(list(zip(ids, rows)), n_ubatch, sequential, tail)]
+        key = (self.split, tuple(rows), tuple(ids) if ids is not None else None)
+        got = self._passes.get(key)
+        if got is None:
+            n_ubatch, sequential, tail = self.split
+            pairs = list(zip(ids if ids is not None else range(len(rows)), rows))
+            got = [(n, n * t) for n, t in equal_split(pairs, n_ubatch, sequential, tail)]
+            if len(self._passes) >= 4096:  # layouts recur (a handful per step): a bound, not an LRU
+                self._passes.clear()
+            self._passes[key] = got
+        return got
 
     def verify_layout(self, rows: list[int], ids: list[int] | None = None) -> float:
         """Seconds of such a verify: the sum of its passes."""
@@ -298,12 +336,19 @@ class CostModel:
         """Whether a verify of this layout is one decode (what the per-count curves learn from)."""
         return len(self.passes(rows, ids)) <= 1
 
+    def observe_level(self, level: bool) -> None:
+        """A verify carrying replays was (``True``) or was not one pass."""
+        self.level = 0.9 * self.level + 0.1 * float(level)
+
     def observe_overhead(self, seconds: float) -> None:
         self.overhead = _ewma(self.overhead, seconds, 0.1)
 
     def observe_save(self, n: int, seconds: float) -> None:
         if n > 0:
-            self.save = _ewma(self.save, seconds / n, 0.2)
+            x = seconds / n
+            # a sequence's first save also faults in the pages of its buffer (~10x a copy):
+            # one such sample must not price every draft for the next hundred steps
+            self.save = _ewma(self.save, min(x, 2.0 * self.save) if self.save > 0.0 else x, 0.2)
 
     def observe_restore(self, seconds: float) -> None:
         self.restore = _ewma(self.restore, seconds, 0.2)
@@ -313,7 +358,7 @@ class CostModel:
         sequences. An unmeasured count starts from the pure draft cost, so one slow
         decode only moves the estimate (it must not end drafting for good)."""
         if n not in self.first.points:
-            self.first.calibrate([(n, self.draft(n))])
+            self.first.calibrate([(n, self.draft(n))], count=1)
         self.first.observe(n, seconds)
 
     def step_seconds(self, ks: list[int], backlog: list[int] | None = None, ids: list[int] | None = None) -> float:
@@ -339,9 +384,20 @@ class Acceptance:
     """
 
     def __init__(self, n_max: int, prior: float = 0.7, halflife: float = 32.0, pseudo: float = 3.0,
-                 bonus: float = 0.3) -> None:
+                 bonus: float = 0.3, parent: Acceptance | None = None) -> None:
         self.decay = 0.5 ** (1.0 / halflife)
         self.prior = prior
+        #: what the sequence's estimates shrink towards where its own evidence is thin: the
+        #: engine's pool of every sequence's evidence (same model, often the same kind of
+        #: text; less this sequence's own) rather than a fixed prior -- a sequence that is
+        #: not drafting hears of its acceptance only from a couple of shadow guesses every
+        #: few dozen steps, and a fixed prior of 0.7 held four sequences at ~0.65 against
+        #: the true 0.85 for a hundred steps
+        self.parent = parent
+        #: what the parent's estimate weighs at most, in observations: as much as the pool
+        #: has seen besides this sequence (pooled evidence counts for more than a bare
+        #: prior: one rejected first draft must not stop a new sequence), at least ``pseudo``
+        self.parent_weight = 8.0
         self.pseudo = pseudo
         self.bonus = bonus
         self.hits = [0.0] * max(1, n_max)
@@ -352,36 +408,58 @@ class Acceptance:
         """The running estimate of P(draft position i accepted | earlier ones were).
 
         Each position shrinks towards the one before it (position 0 towards the
-        prior), so a depth with little evidence of its own follows the shallower ones.
+        prior), so a depth with little evidence of its own follows the shallower ones;
+        with a ``parent``, position 0 shrinks towards the parent's estimate and each
+        deeper one towards the one before it times the parent's ratio between the two
+        (the pool's level for the first, its shape for the rest).
         """
         return self.alphas(i + 1)[i]
 
     def optimistic(self, i: int) -> float:
         return self.alphas(i + 1, optimistic=True)[i]
 
-    def alphas(self, n: int, optimistic: bool = False) -> list[float]:
-        """``alpha(0 .. n-1)`` (or the optimistic estimates) in one pass over the evidence."""
+    def alphas(self, n: int, optimistic: bool = False, explore: float = 0.0,
+               without: Acceptance | None = None) -> list[float]:
+        """``alpha(0 .. n-1)`` (or the optimistic estimates) in one pass over the evidence;
+        ``explore``: a bonus for positions past the first, shrinking with their evidence;
+        ``without``: leave that child's evidence out (a parent's estimate for the child
+        must not count the child's own evidence twice)."""
         out: list[float] = []
         est = self.prior
+        base = base_tries = None
+        if self.parent is not None:
+            base = self.parent.alphas(n, without=self)
+            base_tries = self.parent._evidence(self)[1]
         last = len(self.hits) - 1
+        hits, tries = self._evidence(without)
         for i in range(n):
             j = min(i, last)
             if i <= last:
-                est = (self.hits[j] + self.pseudo * est) / (self.tries[j] + self.pseudo)
-            out.append(min(1.0, est + self.bonus / math.sqrt(self.tries[j] + 1.0)) if optimistic else est)
+                toward, w = est, self.pseudo
+                if base is not None and base_tries is not None:  # the pool's level at position 0, its shape past it
+                    toward = base[0] if i == 0 else min(1.0, est * base[i] / base[i - 1]) if base[i - 1] > 0 else est
+                    # the pool weighs as much as it has seen (besides this sequence), up to parent_weight
+                    w += min(max(0.0, self.parent_weight - self.pseudo), base_tries[min(j, len(base_tries) - 1)])
+                est = (hits[j] + w * toward) / (tries[j] + w)
+            if optimistic:
+                out.append(min(1.0, est + self.bonus / math.sqrt(tries[j] + 1.0)))
+            elif explore > 0.0 and 0 < i <= last:
+                # one position at a time: only past a position with evidence of its own
+                # (a sequence new to drafting must not open with a long, dear draft)
+                gate = min(1.0, tries[i - 1] / 4.0)
+                out.append(min(1.0, est + explore * gate / math.sqrt(tries[j] + 1.0)))
+            else:
+                out.append(est)
         return out
 
-    def inherit(self, other: Acceptance, weight: float = 8.0) -> None:
-        """Start from ``other``'s evidence, scaled to at most ``weight`` tries per position:
-        a new sequence on the same engine (same model, same kind of text, often) begins
-        where the last ones ended instead of at the prior, and still adapts within a
-        few steps."""
-        n = min(len(self.hits), len(other.hits))
-        scale = min(1.0, weight / max(max(other.tries[:n], default=0.0), 1e-12))
-        for i in range(n):
-            self.hits[i] = other.hits[i] * scale
-            self.tries[i] = other.tries[i] * scale
-        self.fails = other.fails
+    def _evidence(self, without: Acceptance | None = None) -> tuple[list[float], list[float]]:
+        """(hits, tries) by position, less ``without``'s (a child's, counted in this pool)."""
+        if without is None:
+            return self.hits, self.tries
+        m = min(len(self.hits), len(without.hits))
+        hits = [max(0.0, h - without.hits[i]) if i < m else h for i, h in enumerate(self.hits)]
+        tries = [max(h, t - without.tries[i]) if i < m else t for i, (h, t) in enumerate(zip(hits, self.tries, strict=True))]
+        return hits, tries
 
     def tick(self) -> None:
         """One engine step passed: older evidence weighs less."""
@@ -440,10 +518,10 @@ class Acceptance:
             out.append((q, e))
         return out
 
-    def expected_table(self, k_max: int, optimistic: bool = False) -> list[float]:
+    def expected_table(self, k_max: int, optimistic: bool = False, explore: float = 0.0) -> list[float]:
         """``expected_tokens(k)`` for k = 0 .. k_max, in one pass."""
         out, total, run = [1.0], 1.0, 1.0
-        for a in self.alphas(k_max, optimistic):
+        for a in self.alphas(k_max, optimistic, explore):
             run *= a
             total += run
             out.append(total)
@@ -486,6 +564,11 @@ class DraftPolicy:
         self._last: dict[int, int] = {}
         self._secs: dict[tuple[int, ...], float] = {}  # step_seconds of the layouts priced this choose()
         self.probe_every = probe_every
+        #: optimism about draft positions past the first, shrinking as their evidence grows:
+        #: they are tested only by drafts that reach them, so a sequence drafting one token
+        #: never learns that the second would land (a planted 75% model: 0.85 at position 0,
+        #: 0.97 at position 1 given position 0) and stays at one token for good
+        self.explore = 0.3
         #: the longest wait between probes, reached after drafts that did not pay kept
         #: coming (a long probe on a compute-bound CPU costs ~2..3 plain steps; every 64
         #: steps that is ~3% of plain speed where drafting never pays). The shadow guesses
@@ -542,7 +625,7 @@ class DraftPolicy:
         caps = [cands[s][0] for s in seqs]
         fixed = [cands[s][2] for s in seqs]
         auto = [i for i, f in enumerate(fixed) if f is None]
-        tables = [cands[s][1].expected_table(c) for s, c in zip(seqs, caps)]
+        tables = [cands[s][1].expected_table(c, explore=self.explore) for s, c in zip(seqs, caps)]
         self._ids = seqs
         self._backlog = [cands[s].backlog for s in seqs] if any(cands[s].backlog for s in seqs) else None
         self._sunk = 0.0
@@ -576,6 +659,12 @@ class DraftPolicy:
             opt, _ = self._search(caps, fixed, auto, opt_tables)
             probing = [i for i in waiting if opt[i] > 0]
             if probing:
+                # idle sequences half-way to their own probe ride along: on recurrent memory a
+                # lone sequence's extra rows are a pass of their own (~0.8 of a plain step for
+                # four sequences on a CPU), a probe of all of them about a third of that each
+                # -- and riding along puts their next probes on the same step again
+                probing += [i for i in auto if ks[i] == 0 and caps[i] > 0 and opt[i] > 0 and i not in waiting
+                            and 2 * cands[seqs[i]].idle >= self.probe_wait(cands[seqs[i]].acc)]
                 ks = self._probe(ks, probing, opt, caps, opt_tables)
             for i in waiting:
                 if opt[i] == 0 and self._faded(cands[seqs[i]][1], cands[seqs[i]][3]):
@@ -583,7 +672,11 @@ class DraftPolicy:
         self.estimated_tok_s = self._rate(ks, tables)
         out = dict(zip(seqs, ks))
         self._last = {s: k for s, k in out.items() if fixed[seqs.index(s)] is None}
-        self._quiet = self.quiet_steps if len(auto) == len(seqs) and not any(ks) else 0
+        # quiet only after a search that was free to draft: a step whose replay barred
+        # drafting (or whose caps were 0) says nothing about whether drafting pays -- at
+        # four sequences in lockstep every rejection was followed by four idle steps
+        free = all(caps[i] > 0 and cands[seqs[i]].backlog == 0 for i in auto)
+        self._quiet = self.quiet_steps if len(auto) == len(seqs) and not any(ks) and free else 0
         self._quiet_accs = {s: c.acc for s, c in cands.items()} if self._quiet else {}
         return out
 
@@ -679,7 +772,7 @@ class DraftPolicy:
             p_any = 1.0 - none
             if p_any > 1e-9:
                 m = max(1, round(sum(q for q, _ in qs) / p_any))
-                extra = p_any * c.verify(m, max(m, round(sum(e for _, e in qs) / p_any)))
+                extra = (1.0 - c.level) * p_any * c.verify(m, max(m, round(sum(e for _, e in qs) / p_any)))
         return len(drafting) * c.save + p_rej * c.restore + replay * per_row + extra
 
     def _search(self, caps: list[int], fixed: list[int | None], auto: list[int],

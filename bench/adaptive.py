@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -40,6 +41,17 @@ GREEDY = lm.SamplingParams(temperature=0.0)
 PROMPTS = ("word0 word1 word2 word3", "word130 word131 word132", "word260 word261 word262")
 # the shift model's blind span is pieces 40..89: windows that cross it, and one that starts inside it
 SHIFT_PROMPTS = ("word0 word1 word2 word3", "word20 word21 word22", "word60 word61 word62")
+#: sentence pieces between the windows of one prompt's parallel sequences. Copies of one
+#: prompt decoded greedily run in lockstep -- every draft accepted or rejected by all of
+#: them at once, which no real batch does (and which favours fixed draft lengths: their
+#: rows stay level whatever is rejected) -- so sequence j starts SPREAD * j pieces on.
+SPREAD = 5
+
+
+def spread(prompt: str, j: int) -> str:
+    """Parallel sequence ``j``'s prompt: ``prompt`` moved ``SPREAD * j`` pieces along the planted text."""
+    n = len(models.WORDS.split())
+    return re.sub(r"word(\d+)", lambda m: f"word{(int(m.group(1)) + SPREAD * j) % n}", prompt)
 
 
 def level_model(name: str, size: str = "0.3b") -> tuple[Path, tuple[str, ...]]:
@@ -50,20 +62,20 @@ def level_model(name: str, size: str = "0.3b") -> tuple[Path, tuple[str, ...]]:
 
 def measure(eng: SpeculativeEngine, model: lm.Model, prompts: tuple[str, ...], n: int,
             n_par: int) -> tuple[float, SpecStats]:
-    """Tokens/s over every prompt (``n_par`` copies of each at once), prefill included."""
+    """Tokens/s over every prompt (``n_par`` sequences of each at once, spread), prefill included."""
     tokens, seconds, spec = timed(eng, model, prompts, n, n_par)
     return tokens / seconds, spec
 
 
 def timed(eng: SpeculativeEngine, model: lm.Model, prompts: tuple[str, ...], n: int,
           n_par: int) -> tuple[int, float, SpecStats]:
-    """(tokens, seconds, stats) over every prompt (``n_par`` copies of each at once)."""
+    """(tokens, seconds, stats) over every prompt (``n_par`` sequences of each at once, spread)."""
     spec = SpecStats()
     tokens, seconds = 0, 0.0
     for p in prompts:
-        toks = model.tokenize(p)
+        toks = [model.tokenize(spread(p, j)) for j in range(n_par)]
         t0 = time.perf_counter()
-        ids = eng.add_many([dict(prompt=toks, max_tokens=n, ignore_eos=True) for _ in range(n_par)])
+        ids = eng.add_many([dict(prompt=t, max_tokens=n, ignore_eos=True) for t in toks])
         while eng.active:
             eng.step()
         seconds += time.perf_counter() - t0

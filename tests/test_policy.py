@@ -517,6 +517,32 @@ def test_a_step_barred_from_drafting_is_not_a_quiet_search() -> None:
     assert p._quiet == p.quiet_steps  # a free search that drafts nothing is reused
 
 
+def test_drafts_that_measure_below_their_estimate_are_priced_down() -> None:
+    """Whatever the cost model misses (replays that unlevel a shared batch, correlated
+    rejections) shows in drafting steps measured against their estimates, next to steps
+    that do not draft: the main search scales the value of drafting by that ratio."""
+    p = compute_bound()
+    good, bad = acc(0.85), acc(0.01)
+    assert p.choose({0: (6, good, None, 0)})[0] > 0
+    assert p.realism == 1.0
+    for _ in range(2 * p.REALISM_MIN):
+        for a, real in ((good, 0.5), (bad, 1.0)):
+            p._quiet = 0
+            p.choose({0: (6, a, None, 0)})
+            p.observe_step(1, 1.0 / (real * p.estimated_tok_s))  # measured: `real` times the estimate
+    assert p.realism < 0.75
+    p._last = {}
+    assert p.choose({0: (6, good, None, 0)})[0] == 0
+    # what drafting measured fades while it does not draft, so it is tried again; drafts that
+    # now measure as estimated bring the model's prices back
+    chosen = []
+    for _ in range(300):
+        p._quiet = 0
+        chosen.append(p.choose({0: (6, good, None, 0)})[0])
+        p.observe_step(1, 1.0 / p.estimated_tok_s)
+    assert chosen[0] == 0 and chosen[-1] > 0 and p.realism > 0.9
+
+
 def test_a_pending_replay_is_priced() -> None:
     """Without snapshots a rejection restores the state from before this verify's
     replayed tokens, so they are replayed again: a sequence carrying a replay drafts

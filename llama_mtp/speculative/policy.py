@@ -591,6 +591,11 @@ class DraftPolicy:
         self._sunk = 0.0                          # what the replays cost a step that drafts nothing
         self.estimated_tok_s = 0.0
         self.measured_tok_s = 0.0
+        #: measured over estimated tokens/s (EWMA, count) of steps that drafted (True) and did not
+        self._real: dict[bool, tuple[float, int]] = {True: (1.0, 0), False: (1.0, 0)}
+        self._kind: bool | None = None  # which of them the step chosen last is
+        self._apply = 1.0               # the realism _rate applies to drafting layouts now
+        self._idle_rows = 0             # draft tokens of the layout where nobody choosing drafts
         self._ew = 0.9
 
     def choose(self, cands: dict[int, Candidate] | dict[int, tuple]) -> dict[int, int]:  # type: ignore[type-arg]
@@ -619,6 +624,7 @@ class DraftPolicy:
             # nobody drafted last step, nobody is due a probe: the estimates move slowly (a
             # half-life of dozens of steps), so idle steps search again only every few steps
             self._quiet -= 1
+            self._kind = False  # the estimate of the search it reuses still holds
             return {s: 0 for s in cands}
         self._secs.clear()
         seqs = list(cands)
@@ -642,6 +648,8 @@ class DraftPolicy:
                          for s, c in zip(seqs, caps)]
             if self.costs.split is not None:
                 self._over = [cands[s].acc.overflow_table(c, cands[s].backlog) for s, c in zip(seqs, caps)]
+        self._idle_rows = sum(self._idle(caps, fixed))
+        self._apply = self.realism  # the main search prices drafts as they have turned out
         ks, best = self._search(caps, fixed, auto, tables, self.margin)
         # hysteresis: keep last step's lengths unless the new ones are clearly better
         prev = [min(self._last.get(s, -1), caps[i]) if fixed[i] is None else ks[i] for i, s in enumerate(seqs)]
@@ -654,6 +662,7 @@ class DraftPolicy:
                 ks = prev
         # sequences left at 0 that have waited long enough for a probe
         waiting = [i for i in auto if ks[i] == 0 and caps[i] > 0 and self._due(cands[seqs[i]][1], cands[seqs[i]][3])]
+        self._apply = 1.0  # probes: on the model's own prices (they are what corrects the realism)
         if waiting:
             opt_tables = [cands[s][1].expected_table(c, optimistic=True) for s, c in zip(seqs, caps)]
             opt, _ = self._search(caps, fixed, auto, opt_tables)
@@ -670,6 +679,8 @@ class DraftPolicy:
                 if opt[i] == 0 and self._faded(cands[seqs[i]][1], cands[seqs[i]][3]):
                     ks[i] = 1  # forced: nothing else will tell whether drafting pays again
         self.estimated_tok_s = self._rate(ks, tables)
+        # what the next observe_step() learns from: a step that drafts (or replays) or one that does not
+        self._kind = bool(sum(ks) > self._idle_rows or self._backlog is not None)
         out = dict(zip(seqs, ks))
         self._last = {s: k for s, k in out.items() if fixed[seqs.index(s)] is None}
         # quiet only after a search that was free to draft: a step whose replay barred
@@ -745,7 +756,8 @@ class DraftPolicy:
             secs = self._secs[key] = self.costs.step_seconds(ks, self._backlog, self._ids) - self._sunk
         if self._rej is not None and len(self._rej) == len(ks):
             secs += self._rollback_seconds(ks, self._rej)
-        return sum(t[k] for t, k in zip(tables, ks)) / secs
+        rate = sum(t[k] for t, k in zip(tables, ks)) / secs
+        return rate * self._apply if self._apply != 1.0 and sum(ks) > self._idle_rows else rate
 
     def _rollback_seconds(self, ks: list[int], rej: list[list[tuple[float, float]]]) -> float:
         """Expected cost of checkpoint rollback for these draft lengths: a save per
@@ -814,7 +826,30 @@ class DraftPolicy:
         """The layout where every choosing sequence drafts nothing (fixed ones as fixed)."""
         return [min(f, c) if f is not None else 0 for f, c in zip(fixed, caps)]
 
+    @property
+    def realism(self) -> float:
+        """How drafting steps have measured against their estimate, relative to steps that
+        do not draft (1.0 until both kinds were seen ``REALISM_MIN`` times): whatever the
+        cost model misses -- replays that unlevel a shared batch, correlated rejections,
+        catch-up -- shows here, and the main search scales the value of drafting by it."""
+        (rd, nd), (ri, ni) = self._real[True], self._real[False]
+        if nd < self.REALISM_MIN or ni < self.REALISM_MIN or ri <= 0.0:
+            return 1.0
+        return min(self.REALISM_MAX, max(self.REALISM_MIN_RATIO, rd / ri))
+
+    REALISM_MIN = 8
+    REALISM_MIN_RATIO = 0.6
+    REALISM_MAX = 1.2
+
     def observe_step(self, tokens: int, seconds: float) -> None:
+        if seconds > 0 and self._kind is not None and self.estimated_tok_s > 0:
+            r, n = self._real[self._kind]
+            x = tokens / seconds / self.estimated_tok_s
+            self._real[self._kind] = (x if n == 0 else 0.95 * r + 0.05 * x, n + 1)
+            if not self._kind:  # steps without drafts: what drafting measured fades (half-life ~70 steps),
+                (rd, nd), (ri, _) = self._real[True], self._real[False]  # so drafting that stopped is tried again
+                self._real[True] = (rd + 0.01 * (ri - rd), nd)
+        self._kind = None
         if seconds > 0:
             rate = tokens / seconds
             self.measured_tok_s = rate if self.measured_tok_s == 0 else self._ew * self.measured_tok_s + (1 - self._ew) * rate

@@ -678,7 +678,10 @@ class DraftPolicy:
             for i in waiting:
                 if opt[i] == 0 and self._faded(cands[seqs[i]][1], cands[seqs[i]][3]):
                     ks[i] = 1  # forced: nothing else will tell whether drafting pays again
-        self.estimated_tok_s = self._rate(ks, tables)
+        # the estimate realism is measured against: the running estimates alone (the explore
+        # bonus is optimism on purpose -- measured against it, every draft looks short)
+        plain = tables if self.explore <= 0.0 else [cands[s][1].expected_table(c) for s, c in zip(seqs, caps)]
+        self.estimated_tok_s = self._rate(ks, plain)
         # what the next observe_step() learns from: a step that drafts (or replays) or one that does not
         self._kind = bool(sum(ks) > self._idle_rows or self._backlog is not None)
         out = dict(zip(seqs, ks))

@@ -543,6 +543,21 @@ def test_drafts_that_measure_below_their_estimate_are_priced_down() -> None:
     assert chosen[0] == 0 and chosen[-1] > 0 and p.realism > 0.9
 
 
+def test_a_fresh_engine_probes_at_once() -> None:
+    """No evidence anywhere (a fresh engine's first sequence, compute-bound, where the
+    prior alone says not to draft): probe now, not after probe_gap plain steps; once
+    the pool has heard anything, the usual wait."""
+    p = compute_bound()
+    pool = Acceptance(6)
+    a = Acceptance(6, parent=pool)
+    assert p.choose({0: (6, Acceptance(6, prior=0.7, pseudo=1e12), None, 0)})[0] == 0  # the prior: no draft
+    assert p.choose({0: (6, a, None, 0)})[0] > 0
+    pool.observe(1, 0, shadow=True)
+    b = Acceptance(6, parent=pool)
+    p._quiet = 0
+    assert p.choose({0: (6, b, None, 0)})[0] == 0
+
+
 def test_a_pending_replay_is_priced() -> None:
     """Without snapshots a rejection restores the state from before this verify's
     replayed tokens, so they are replayed again: a sequence carrying a replay drafts

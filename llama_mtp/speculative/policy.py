@@ -424,14 +424,19 @@ class Acceptance:
         ``explore``: a bonus for positions past the first, shrinking with their evidence;
         ``without``: leave that child's evidence out (a parent's estimate for the child
         must not count the child's own evidence twice)."""
+        hits, tries = self._evidence(without)
+        return self._estimates(n, hits, tries, optimistic, explore)
+
+    def _estimates(self, n: int, hits: list[float], tries: list[float], optimistic: bool = False,
+                   explore: float = 0.0) -> list[float]:
+        """:meth:`alphas` on this evidence (the parent's, less this sequence's, taken once)."""
         out: list[float] = []
         est = self.prior
         base = base_tries = None
         if self.parent is not None:
-            base = self.parent.alphas(n, without=self)
-            base_tries = self.parent._evidence(self)[1]
+            ph, base_tries = self.parent._evidence(self)
+            base = self.parent._estimates(n, ph, base_tries)
         last = len(self.hits) - 1
-        hits, tries = self._evidence(without)
         for i in range(n):
             j = min(i, last)
             if i <= last:

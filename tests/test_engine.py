@@ -114,26 +114,133 @@ def test_checkpoint_replays_stay_bounded(model_path, draft_max: int) -> None:
 
 
 def test_rollback_auto_resolves_by_workload(model_path) -> None:
-    """rollback="auto": snapshots for one sequence or a fixed draft length, checkpoints
-    for several adaptive sequences on a CPU-only run (no per-decode snapshot cost
-    there, the policy prices the replays); the resolved mode is what the target uses."""
+    """rollback="auto": with draft_max="auto" on a CPU-only run the engine starts with
+    snapshots and can switch to checkpoints (the policy prices both: the snapshots' tax
+    measured at birth, the checkpoints' save and restore too); a fixed draft length keeps
+    the snapshots; an explicit mode is kept. The resolved mode is what the target uses."""
     model = _models(str(model_path("noisy")))
-    # on a GPU build the layers offload by default: snapshots there too (tests/test_gpu.py)
-    several = "snapshots" if GPU else "checkpoint"
-    for n_seq, want in ((1, "snapshots"), (3, several)):
+    for n_seq in (1, 3):
         with SpeculativeEngine(model, max_sequences=n_seq, n_ctx=128, draft_cap=3, sampling=GREEDY) as eng:
-            assert eng.rollback == want and eng.policy.replays == (want == "checkpoint")
-            # the policy starts from a measured save / restore (calibration) where it pays them
-            assert (eng.policy.costs.save > 0 and eng.policy.costs.restore > 0) == (want == "checkpoint")
-            assert eng.target.n_rs_seq == (3 if want == "snapshots" else 0)
+            assert eng.rollback == "snapshots" and eng.target.n_rs_seq == 3 and not eng.policy.replays
+            alt = eng.policy.alt
+            if GPU:  # the layers offload by default: snapshots only (tests/test_gpu.py)
+                assert alt is None
+                continue
+            assert alt is not None and eng.policy.alt_replays
+            assert alt.save > 0 and alt.restore > 0 and alt.split is not None and alt.split[2] == 0
+            for n, curve in alt.verify.curves.items():  # priced like the target's, less the tax
+                assert curve.points.keys() == eng.policy.costs.verify.curves[n].points.keys()
     with SpeculativeEngine(model, max_sequences=3, n_ctx=128, draft_max=3) as eng:
         assert eng.rollback == "snapshots" and eng.target.n_rs_seq == 3  # a fixed k keeps the snapshots
+        assert eng.policy.alt is None
     with SpeculativeEngine(model, max_sequences=3, n_ctx=128, draft_cap=3, rollback="snapshots") as eng:
         assert eng.rollback == "snapshots" and eng.target.n_rs_seq == 3 and not eng.policy.replays
+        assert eng.policy.alt is None
+    with SpeculativeEngine(model, max_sequences=3, n_ctx=128, draft_cap=3, rollback="checkpoint") as eng:
+        assert eng.target.n_rs_seq == 0 and eng.policy.replays and eng.policy.alt is None
+        assert eng.policy.costs.save > 0 and eng.policy.costs.restore > 0
     with SpeculativeEngine(model, max_sequences=1, n_ctx=128, draft_max=2, rollback="checkpoint") as eng:
         assert eng.target.n_rs_seq == 0 and eng.policy.replays
     with pytest.raises(ValueError, match="rollback"):
         SpeculativeEngine(model, rollback="replay")  # type: ignore[arg-type]
+
+
+def pin_both(eng: SpeculativeEngine) -> None:
+    """pin_costs() for both rollback modes (the alternative's verify 5% cheaper: no snapshots)."""
+    pin_costs(eng)
+    alt = eng.policy.alt
+    if alt is not None:
+        for n, curve in eng.policy.costs.verify.curves.items():
+            alt.verify.calibrate(n, [(r, v / 1.05) for r, v in curve.points.items()])
+        alt.verify.observe = lambda *a: None  # type: ignore[method-assign]
+
+
+@pytest.mark.skipif(GPU, reason="offloaded layers keep the snapshots (no switching)")
+@pytest.mark.parametrize("n_seq", [1, 3])
+@pytest.mark.parametrize("name", ["random", "noisy", "shift", "planted"])
+def test_switching_rollback_modes_is_lossless(model_path, name: str, n_seq: int) -> None:
+    """The target context is swapped for one with the other rollback mode every few steps
+    (every sequence's state copied across, a pending snapshot rollback or a checkpoint
+    replay in flight included): greedy output is still token for token plain decoding,
+    and both modes really ran drafts and rollbacks."""
+    path = str(model_path(name))
+    model = _models(path)
+    prompts = [model.tokenize(t) for t in PROMPTS[:n_seq]]
+    lengths = [40 + 9 * i for i in range(n_seq)]
+    # where drafts are rejected, a fixed length drafts anyway (auto would stop): rollbacks in both modes
+    spec = lm.SpecParams(draft_max=3) if name in ("random", "noisy") else None
+    with SpeculativeEngine(model, max_sequences=n_seq, n_ctx=256, sampling=GREEDY) as eng:
+        pin_both(eng)
+        ids = eng.add_many([dict(prompt=p, max_tokens=n, spec=spec) for p, n in zip(prompts, lengths, strict=True)])
+        replays = []
+        real_prefill = eng._prefill
+        eng._prefill = lambda seqs, sample_first: (replays.append(seqs), real_prefill(seqs, sample_first))[1]
+        modes, t = Counter(), 0
+        while eng.active:
+            t += 1
+            if t % 3 == 0:
+                eng.policy.switch_wanted = True  # what the comparison of modes would ask
+            eng.step()
+            modes[eng.rollback, eng.target.n_rs_seq] += 1
+        got = [eng.sequence(i).tokens for i in ids]
+        stats = eng.stats
+    for p, n, g in zip(prompts, lengths, got, strict=True):
+        assert_greedy_matches(g, reference(path, tuple(p), n))
+    assert set(modes) == {("snapshots", eng.draft_max), ("checkpoint", 0)}
+    assert replays == []  # every state arrived whole: none was replayed from its history
+    assert stats.rollback_switches >= t // 3 - 1 and stats.switch_s > 0
+    if name in ("random", "noisy"):
+        assert stats.spec.rollbacks > stats.spec.checkpoint_restores > 0  # both ways of undoing a draft ran
+
+
+@pytest.mark.skipif(GPU, reason="offloaded layers keep the snapshots (no switching)")
+def test_rollback_mode_follows_the_text(model_path) -> None:
+    """Left to itself: on text the drafter never gets right the engine leaves the snapshots
+    (they only cost), on text it always gets right it keeps them and drafts."""
+    for name, want in (("random", "checkpoint"), ("planted", "snapshots")):
+        model = _models(str(model_path(name)))
+        with SpeculativeEngine(model, max_sequences=2, n_ctx=256, sampling=GREEDY) as eng:
+            pin_both(eng)
+            run(eng, [model.tokenize(t) for t in PROMPTS[:2]], [60, 60])
+            assert eng.rollback == want, name
+            assert eng.stats.rollback_switches == (1 if want == "checkpoint" else 0)
+
+
+@pytest.mark.skipif(GPU, reason="offloaded layers keep the snapshots (no switching)")
+@pytest.mark.parametrize("fail", ["context", "copy"])
+def test_a_switch_that_fails_leaves_the_engine_as_it_was(model_path, monkeypatch, fail: str) -> None:
+    """No room for the new context, or a state that does not copy: the engine stays on
+    the context it has, stops switching, and the output is still exact."""
+    import llama_mtp.speculative.engine as engine_mod
+    from llama_mtp.errors import LlamaError
+
+    path = str(model_path("noisy"))
+    model = _models(path)
+    prompts = [model.tokenize(t) for t in PROMPTS[:2]]
+    with SpeculativeEngine(model, max_sequences=2, n_ctx=256, sampling=GREEDY) as eng:
+        pin_both(eng)
+        before = eng.target
+        if fail == "context":
+            def no_room(*a, **k):
+                raise LlamaError("failed to allocate the KV cache")
+            monkeypatch.setattr(engine_mod, "Context", no_room)
+        else:
+            real = lm.Context.restore
+
+            def broken(self, ckpt, seq=None):
+                if self is not before and not ckpt.partial:
+                    raise LlamaError("could not restore the checkpoint")
+                return real(self, ckpt, seq)
+            monkeypatch.setattr(lm.Context, "restore", broken)
+        ids = eng.add_many([dict(prompt=p, max_tokens=40) for p in prompts])
+        eng.step()
+        eng.policy.switch_wanted = True
+        while eng.active:
+            eng.step()
+        assert eng.target is before and not before.closed and eng.rollback == "snapshots"
+        assert eng.policy.alt is None and not eng.policy.switch_wanted and eng.stats.rollback_switches == 0
+        for p, i in zip(prompts, ids, strict=True):
+            assert_greedy_matches(eng.sequence(i).tokens, reference(path, tuple(p), 40))
 
 
 def test_prompt_longer_than_n_batch(model_path) -> None:

@@ -592,3 +592,94 @@ def test_per_step_overhead_favours_longer_steps() -> None:
     assert p.costs.overhead == pytest.approx(0.0008)
     assert p.choose({0: (6, acc(0.85), None, 0)})[0] > 0
     assert p.choose({0: (6, acc(0.0), None, 0)}) == {0: 0}  # nothing lands: still no draft
+
+
+def switching(snapshots: bool, tax: float = 0.05) -> DraftPolicy:
+    """memory_bound() that can switch rollback modes: snapshots tax every decode by ``tax``;
+    checkpoints pay a save per draft and a restore per rejection. ``snapshots``: the mode
+    it is in now."""
+    p = memory_bound()
+    alt = p.costs.sibling(None)
+    for n, curve in p.costs.verify.curves.items():
+        alt.verify.calibrate(n, [(r, v / (1.0 + tax)) for r, v in curve.points.items()])  # no snapshots
+    alt.save, alt.restore = 0.001, 0.001
+    p.alt, p.alt_replays = alt, True
+    if not snapshots:
+        p._swap()
+    return p
+
+
+def run_modes(p: DraftPolicy, alpha: float, steps: int, n: int = 1) -> list[int]:
+    """choose() for ``steps`` steps of ``n`` sequences at acceptance ``alpha``, switching
+    whenever the policy asks; the steps at which it switched."""
+    a = [acc(alpha) for _ in range(n)]
+    for x in a:  # plenty of evidence: the optimistic estimates are close to alpha
+        x.tries, x.hits = [40.0] * 6, [40.0 * alpha] * 6
+    out = []
+    for t in range(steps):
+        if p.switch_wanted:
+            p.switched(0.05)
+            out.append(t)
+        p.choose({s: Candidate(6, a[s], None, 0) for s in range(n)})
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_snapshots_are_left_where_nothing_drafts(n: int) -> None:
+    """With snapshots on text the drafter never gets right, nothing drafts and every decode
+    pays the snapshots: the policy asks for checkpoints within a few comparisons (the
+    optimistic estimates would not draft either), and stays there."""
+    p = switching(snapshots=True)
+    got = run_modes(p, 0.0, 200, n)
+    assert len(got) == 1 and got[0] <= 4 * p.switch_every and p.replays
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_snapshots_are_taken_where_drafting_pays(n: int) -> None:
+    """With checkpoints on text the drafter gets right (a replay after every rejection),
+    the policy asks for snapshots -- and with them it drafts, and stays."""
+    p = switching(snapshots=False)
+    got = run_modes(p, 0.95, 200, n)
+    assert len(got) == 1 and got[0] <= 4 * p.switch_every and not p.replays
+    assert p.choose({s: Candidate(6, acc(0.95), None, 0) for s in range(n)})[0] > 0
+    q = switching(snapshots=True)
+    assert run_modes(q, 0.95, 200, n) == []  # never leaves them
+
+
+def test_a_short_stint_of_snapshots_backs_the_next_off() -> None:
+    """Snapshots left soon after they were taken (the acceptance estimates of idle sequences
+    drift back towards the prior and would bring them back every few dozen steps) are
+    taken again only after a dwell that doubles each time."""
+    p = switching(snapshots=True)
+    assert run_modes(p, 0.0, 20) != [] and p.replays  # the engine's first stint: short
+    assert p._snap_backoff == 2
+    since = p._since_switch
+    got = run_modes(p, 0.95, 200)
+    assert got and 2 * p.switch_dwell <= since + got[0] <= 2 * p.switch_dwell + 2 * p.switch_every
+    assert not p.replays
+
+
+def test_comparing_modes_leaves_the_choice_alone() -> None:
+    """The comparison prices the other mode by swapping costs in and out: the lengths chosen
+    are what the policy without an alternative chooses, step after step."""
+    for alpha in (0.0, 0.6, 0.95):
+        for snapshots in (True, False):
+            p, q = switching(snapshots), switching(snapshots)
+            q.alt = None
+            a, b = [acc(alpha) for _ in range(4)], [acc(alpha) for _ in range(4)]
+            for _ in range(40):
+                got = p.choose({s: Candidate(6, a[s], None, 0, s % 2) for s in range(4)})
+                want = q.choose({s: Candidate(6, b[s], None, 0, s % 2) for s in range(4)})
+                assert got == want
+            assert p.replays == (not snapshots)
+
+
+def test_switched_swaps_every_priced_thing() -> None:
+    p = switching(snapshots=True)
+    snap, ckpt = p.costs, p.alt
+    p.costs.observe_overhead(0.002)
+    p.switched(0.08)
+    assert p.costs is ckpt and p.alt is snap and p.replays and not p.alt_replays
+    assert p.costs.overhead == pytest.approx(0.002)  # the same Python either way
+    assert p.switches == 1 and p.switch_s > 0.0 and not p.switch_wanted
+    assert p.costs.drift is p.alt.drift and p.costs.draft is p.alt.draft

@@ -78,6 +78,11 @@ REPLAY_DRAFT_MAX = 4
 #: takes longer than CALIBRATION_ROUND_S seconds (big batches time steadily).
 CALIBRATION_ROUNDS = 3
 CALIBRATION_ROUND_S = 1.0
+#: What rollback snapshots tax a decode (``rollback="auto"`` prices switching to them): the
+#: median of this many paired ratios per shape (a small CPU drifts too much for best-of),
+#: fewer once the rounds took TAX_S seconds.
+TAX_ROUNDS = 8
+TAX_S = 1.0
 
 
 class ContextLengthError(LlamaError, ValueError):
@@ -179,11 +184,15 @@ class SpeculativeEngine:
     (``n_rs_seq``), which every decode pays for, drafting or not; ``"checkpoint"``
     keeps none, saves the recurrent state of each drafting sequence before the
     verify, and after a rejection restores it and replays the accepted tokens in
-    the next verify. ``"auto"`` (default): checkpoints for several sequences with
-    ``draft_max="auto"`` on a CPU-only run -- there the snapshots cost every decode
-    6..9% (more on multi-row verifies), and the policy drafts only where the saves
-    and replays pay -- snapshots otherwise (a fixed draft length cannot avoid
-    replays where drafts are often rejected). See bench/README.md.
+    the next verify. ``"auto"`` (default): with ``draft_max="auto"`` on a CPU-only
+    run the engine switches between the two while running -- snapshots while
+    drafting pays (on a CPU, replays after rejections cost more than the snapshots'
+    tax), no snapshots while nothing drafts (then the tax is all they are: 2.5% of
+    a decode for one sequence, 5% for four); every sequence's state is copied into
+    a new target context (see :meth:`_switch_rollback`). Otherwise snapshots (an
+    offloaded model, where they cost little; a fixed draft length, which cannot
+    avoid replays where drafts are often rejected). ``rollback`` on the engine is
+    the mode in use now. See bench/README.md.
     """
 
     def __init__(
@@ -225,9 +234,12 @@ class SpeculativeEngine:
         self._last_fails = 0  # the probe backoff of the sequence that finished last
         self.max_sequences = max_sequences
         base = params or ContextParams()
+        switchable = False
         if rollback == "auto":
-            adaptive = self.default_spec.draft_max == "auto"  # the policy prices replays; a fixed k cannot
-            rollback = "checkpoint" if adaptive and max_sequences > 1 and not model.offloads else "snapshots"
+            # the policy prices replays and snapshots and switches between them; a fixed k cannot.
+            # Offloaded (GPU) runs keep the snapshots: there they cost little
+            switchable = self.default_spec.draft_max == "auto" and bool(mtp) and cap > 0 and not model.offloads
+            rollback = "snapshots"  # where switching: until the text says drafting does not pay
         #: how rejected drafts are undone: "snapshots" or "checkpoint" (``rollback="auto"`` resolved)
         self.rollback: Literal["snapshots", "checkpoint"] = rollback
         need = max_sequences * (draft_max + 1)
@@ -239,11 +251,9 @@ class SpeculativeEngine:
         if n_ubatch < draft_max + 1:
             n_ubatch = draft_max + 1
         n_rs = draft_max if rollback == "snapshots" else 0
-        self.target = Context(
-            model,
-            base.replace(n_ctx=n_ctx * max_sequences, n_seq_max=max_sequences, n_batch=n_batch,
-                         n_ubatch=n_ubatch, n_rs_seq=n_rs),
-        )
+        self._target_params = base.replace(n_ctx=n_ctx * max_sequences, n_seq_max=max_sequences, n_batch=n_batch,
+                                           n_ubatch=n_ubatch, n_rs_seq=n_rs)
+        self.target = Context(model, self._target_params)
         try:
             self.target.set_hidden_output(bool(mtp), masked=False)
             self.n_ctx_seq = self.target.n_ctx_seq
@@ -260,7 +270,12 @@ class SpeculativeEngine:
         self.policy.replays = rollback == "checkpoint" and not self._exact
         if not self._exact:  # recurrent state: llama.cpp cuts uneven verifies into micro-batches
             n_rs = self.target.n_rs_seq
-            self.policy.costs.split = (self.target.n_ubatch, not self.target.kv_unified, n_rs + 1 if n_rs else 0)
+            self.policy.costs.split = self._split(n_rs)
+            if switchable and self.drafter is not None:
+                # the other mode (no snapshots: checkpoints) is priced too, and the engine
+                # switches the target context to it while it promises to be faster
+                self.policy.alt = self.policy.costs.sibling(self._split(0))
+                self.policy.alt_replays = True
         self._batch = Batch(self.target.n_batch)
         self._seqs: dict[int, _Seq] = {}
         self._done: dict[int, SequenceState] = {}
@@ -273,6 +288,10 @@ class SpeculativeEngine:
             except BaseException:
                 self.close()
                 raise
+
+    def _split(self, n_rs: int) -> tuple[int, bool, int]:
+        """How the target cuts a verify into micro-batches with ``n_rs`` snapshots (CostModel.split)."""
+        return (self.target.n_ubatch, not self.target.kv_unified, n_rs + 1 if n_rs else 0)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -618,28 +637,145 @@ class SpeculativeEngine:
                 self.policy.costs.verify.calibrate(n_seqs, [(n * per, best["verify", n, per]) for n, per in shapes])
             self.policy.costs.draft.calibrate([(n, best["draft", n, 1]) for n in counts])
             if self.policy.replays:  # what a checkpoint draft's save and a rejection's restore cost
-                for s in range(self.max_sequences):  # every sequence's buffer allocated and touched now
-                    self.target.checkpoint(s, partial=True, reuse=True)
-                saves, restores = [], []
-                for _ in range(3):
-                    t0 = time.perf_counter()
-                    ck = self.target.checkpoint(0, partial=True, reuse=True)
-                    t1 = time.perf_counter()
-                    self.target.restore(ck)
-                    saves.append(t1 - t0)
-                    restores.append(time.perf_counter() - t1)
-                self.policy.costs.save, self.policy.costs.restore = min(saves), min(restores)
+                self.policy.costs.save, self.policy.costs.restore = self._time_checkpoints(self.target)
+            if self.policy.alt is not None:
+                self._calibrate_alt(layouts, best)
         finally:
             for s in range(self.max_sequences):
                 if s not in self._seqs:
                     mem.seq_rm(s, -1, -1)
                     d.ctx.memory.seq_rm(s, -1, -1)
 
+    def _time_checkpoints(self, ctx: Context) -> tuple[float, float]:
+        """Seconds to save one sequence's recurrent state and to restore it (best of 3);
+        every sequence's save buffer is allocated and touched first."""
+        for s in range(self.max_sequences):
+            ctx.checkpoint(s, partial=True, reuse=True)
+        saves, restores = [], []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            ck = ctx.checkpoint(0, partial=True, reuse=True)
+            t1 = time.perf_counter()
+            ctx.restore(ck)
+            saves.append(t1 - t0)
+            restores.append(time.perf_counter() - t1)
+        return min(saves), min(restores)
+
+    def _calibrate_alt(self, layouts: dict[int, list[tuple[int, int]]],
+                       best: dict[tuple[str, int, int], float]) -> None:
+        """Price the alternative rollback mode: a context made with the other ``n_rs_seq``
+        decodes a few verify shapes next to the target, interleaved, and the ratio (what
+        the snapshots tax a decode; it grows with the rows up to draft_max + 1) scales
+        the target's calibrated points into the alternative's curves; checkpoint saves
+        and restores are timed on it too. The context is closed again (a switch makes a
+        new one)."""
+        alt = self.policy.alt
+        assert alt is not None
+        try:
+            other = Context(self.model, self._target_params.replace(
+                n_rs_seq=0 if self.target.n_rs_seq else self.draft_max))
+        except (LlamaError, MemoryError):
+            self.policy.alt = None  # no room for a second target context: no switching either
+            return
+        try:
+            probe = {1, self.draft_max + 1}  # the tax grows about linearly in between
+            shapes_now = [(n, per) for shapes in layouts.values() for n, per in shapes if per in probe]
+            ratios: dict[tuple[int, int], list[float]] = {sh: [] for sh in shapes_now}
+            # sequences that go on (a decode at position 0 starts from no state: it copies none,
+            # and measured a third of the tax that bench/snapshots.py measures on running ones)
+            b = self._batch
+            pos = {id(c): [0] * self.max_sequences for c in (self.target, other)}
+
+            def extend(ctx: Context, n: int, per: int) -> None:
+                b.clear()
+                at = pos[id(ctx)]
+                for q in range(n):
+                    b.extend([0] * per, at[q], q, outputs="all")
+                    at[q] += per
+                ctx.decode(b)
+
+            for c in (self.target, other):
+                for q in range(self.max_sequences):
+                    c.memory.seq_rm(q, -1, -1)
+                extend(c, self.max_sequences, 8)
+            t_start = time.perf_counter()
+            for rnd in range(TAX_ROUNDS + 1):  # each shape on both contexts back to back: a ratio per round
+                for n, per in shapes_now:
+                    first, second = (self.target, other) if rnd % 2 else (other, self.target)
+                    t0 = time.perf_counter()
+                    extend(first, n, per)
+                    t1 = time.perf_counter()
+                    extend(second, n, per)
+                    t2 = time.perf_counter()
+                    if rnd > 0:  # round 0 warms the new context's shapes up
+                        ratios[n, per].append((t1 - t0) / (t2 - t1) if first is other else (t2 - t1) / (t1 - t0))
+                if rnd >= 2 and time.perf_counter() - t_start > TAX_S:
+                    break
+            for n_seqs, shapes in layouts.items():
+                pts = sorted((per, float(np.median(ratios[n, per]))) for n, per in shapes if ratios.get((n, per)))
+                if not pts:
+                    continue
+                xs, ys = [p for p, _ in pts], [t for _, t in pts]
+                alt.verify.calibrate(n_seqs, [(n * per, best["verify", n, per] * float(np.interp(per, xs, ys)))
+                                              for n, per in shapes])
+            if self.policy.alt_replays:
+                alt.save, alt.restore = self._time_checkpoints(other)
+        finally:
+            for q in range(self.max_sequences):
+                other.memory.seq_rm(q, -1, -1)
+            other.close()
+
+    def _switch_rollback(self) -> None:
+        """Move every sequence to a new target context with the other rollback mode (the
+        policy's ``switch_wanted``): full state copies, the old context closed. Where the
+        new context cannot be made (memory), the engine stays and stops switching."""
+        new_mode: Literal["snapshots", "checkpoint"] = "snapshots" if self.rollback == "checkpoint" else "checkpoint"
+        t0 = time.perf_counter()
+        old = self.target
+        try:
+            new = Context(self.model, self._target_params.replace(
+                n_rs_seq=self.draft_max if new_mode == "snapshots" else 0))
+        except (LlamaError, MemoryError):
+            self.policy.alt = None
+            self.policy.switch_wanted = False
+            return
+        lost = []  # sequences whose state did not arrive whole: replayed from their history
+        try:
+            new.set_hidden_output(self.drafter is not None, masked=False)
+            for q in self._seqs.values():
+                if q.rebuild or q.state.finished:
+                    continue
+                if q.kv_pos > 0:
+                    new.restore(old.checkpoint(q.seq))  # attention KV and recurrent state, at kv_pos - 1
+                if new.memory.pos_max(q.seq) != q.kv_pos - 1:
+                    lost.append(q)
+                elif new_mode == "checkpoint":
+                    new.checkpoint(q.seq, partial=True, reuse=True)  # its save buffer, faulted in now
+        except Exception:  # the old context is untouched (saving a state only reads it): stay on it
+            new.close()
+            self.policy.alt = None
+            self.policy.switch_wanted = False
+            return
+        except BaseException:
+            new.close()
+            raise
+        for q in lost:
+            q.rebuild = True
+        self.target = new
+        old.close()
+        self.rollback = new_mode
+        dt = time.perf_counter() - t0
+        self.stats.rollback_switches += 1
+        self.stats.switch_s += dt
+        self.policy.switched(dt)
+
     def _step(self, seqs: list[_Seq]) -> list[StepEvent]:
         # in sequence-id order: llama.cpp puts only runs of consecutive ids into one micro-batch
         seqs = sorted(seqs, key=lambda q: q.seq)
         if not self._calibrated and any(q.spec.draft_max == "auto" for q in seqs):
             self._calibrate()  # only where a slot is free; engines with auto by default calibrated at birth
+        if self.policy.switch_wanted and self.policy.alt is not None:
+            self._switch_rollback()
         rebuild = [q for q in seqs if q.rebuild]
         if rebuild:
             self._prefill(rebuild, sample_first=False)

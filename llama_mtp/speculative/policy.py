@@ -43,6 +43,13 @@ On a context without rollback snapshots (``replays``: the engine's
 ``rollback="checkpoint"``) a draft also costs a checkpoint of the sequence's state,
 and a rejection its restore plus the replayed rows (accepted tokens and the last
 one) in the next verify: ``E[rows replayed] = sum_j P(first rejection at j) (j + 1)``.
+
+Where the engine can switch its target between the two (``alt``: the other mode's
+:class:`CostModel`, sharing the drift and the draft curves), every few steps the
+policy compares the best layout with snapshots against a step that drafts nothing
+without them, and asks for a switch (``switch_wanted``) once the advantage is clear
+enough to pay for the switch -- or, with snapshots, once nothing would draft even on
+optimistic estimates (:meth:`DraftPolicy._compare_modes`).
 """
 
 from __future__ import annotations
@@ -312,6 +319,14 @@ class CostModel:
         self.draft = PiecewiseCost(0.004, 0.001, self.POINT_WEIGHT, self.drift)
         self.first = PiecewiseCost(0.004, 0.001, self.POINT_WEIGHT, self.drift)
 
+    def sibling(self, split: tuple[int, bool, int] | None) -> CostModel:
+        """The costs of the same engine on a target context with the other rollback mode
+        (its verify cut by ``split``): the drift, the MTP draft curves and the step
+        overhead are the same hardware's and shared; the verify curves are its own."""
+        other = CostModel(drift=self.drift)
+        other.draft, other.first, other.overhead, other.split = self.draft, self.first, self.overhead, split
+        return other
+
     def passes(self, rows: list[int], ids: list[int] | None = None) -> list[tuple[int, int]]:
         """(sequences, rows) of each decode pass of a verify whose sequences (ids in batch
         order, default 0, 1, ...) hold ``rows`` tokens each."""
@@ -566,6 +581,7 @@ class DraftPolicy:
         self.quiet_steps = 3
         self._quiet = 0
         self._quiet_accs: dict[int, Acceptance] = {}  # the sequences (and estimates) of that search
+        self._quiet_due: set[int] = set()  # ... due a probe, but found not worth one on the optimistic estimates
         self._last: dict[int, int] = {}
         self._secs: dict[tuple[int, ...], float] = {}  # step_seconds of the layouts priced this choose()
         self.probe_every = probe_every
@@ -602,6 +618,27 @@ class DraftPolicy:
         self._apply = 1.0               # the realism _rate applies to drafting layouts now
         self._idle_rows = 0             # draft tokens of the layout where nobody choosing drafts
         self._ew = 0.9
+        #: the other rollback mode the engine can switch its target context to (None: it
+        #: cannot): its costs, whether it replays, and its realism measurements
+        self.alt: CostModel | None = None
+        self.alt_replays = False
+        self._alt_real: dict[bool, tuple[float, int]] = {True: (1.0, 0), False: (1.0, 0)}
+        #: the alternative must promise this much more (plus its switch's cost) ...
+        self.switch_margin = 0.04
+        #: ... compared every switch_every steps, and no sooner than switch_dwell steps after a switch
+        self.switch_every = 4
+        self.switch_dwell = 32
+        self.switch_s = 0.1             # seconds a switch takes (measured by the engine's switches)
+        self.switch_wanted = False      # the engine should switch to the alternative now
+        self.switches = 0
+        self._adv = 0.0                 # running log(alternative's rate / current rate)
+        self._adv_n = 0
+        self._compare_in = self.switch_every  # steps to the next comparison
+        self._snap_idle = False         # the last comparison's snapshot layout drafted nothing
+        self._idle_n = 0                # comparisons in a row that found it so
+        self._snap_hopeless = False     # ... and on the optimistic estimates too
+        self._snap_backoff = 1          # switch_dwell multiplier before snapshots are tried again
+        self._since_switch = self.switch_dwell  # a fresh engine may switch as soon as the evidence says
 
     def choose(self, cands: dict[int, Candidate] | dict[int, tuple]) -> dict[int, int]:  # type: ignore[type-arg]
         """Draft lengths for one step.
@@ -619,41 +656,33 @@ class DraftPolicy:
         """
         cands = {s: Candidate(*c) for s, c in cands.items()}
         self._paid_memo.clear()  # paid()'s prices are of the step being chosen now
+        self._since_switch += 1
+        self._compare_in -= 1
+        if self.alt is not None and self._compare_in <= 0:
+            self._compare_modes(cands)
+            # far from a switch (the other mode 5% behind or worse): compare less often
+            self._compare_in = self.switch_every * (4 if self._adv < -0.05 else 1)
         if all(c.fixed is not None for c in cands.values()):
             # nothing to choose (fixed lengths, n-gram drafts): no search, no estimate
             self.estimated_tok_s, self._last, self._quiet = 0.0, {}, 0
             return {s: max(0, min(c.fixed or 0, c.cap)) for s, c in cands.items()}
         if self._quiet > 0 and cands.keys() == self._quiet_accs.keys() and all(
-                c.fixed is None and c.backlog == 0 and c.acc is self._quiet_accs[s] and not self._due(c.acc, c.idle)
+                c.fixed is None and c.backlog == 0 and c.acc is self._quiet_accs[s]
+                and (s in self._quiet_due or not self._due(c.acc, c.idle))
                 for s, c in cands.items()):
-            # nobody drafted last step, nobody is due a probe: the estimates move slowly (a
-            # half-life of dozens of steps), so idle steps search again only every few steps
+            # nobody drafted last step, nobody is due a probe (or those due were found not
+            # worth one on the optimistic estimates: at ~0% they stay due, and searching twice
+            # every step was 2.5% of one sequence's plain step): the estimates move slowly
+            # (a half-life of dozens of steps), so idle steps search again only every few steps
             self._quiet -= 1
             self._kind = False  # the estimate of the search it reuses still holds
             return {s: 0 for s in cands}
-        self._secs.clear()
         seqs = list(cands)
         caps = [cands[s][0] for s in seqs]
         fixed = [cands[s][2] for s in seqs]
         auto = [i for i, f in enumerate(fixed) if f is None]
         tables = [cands[s][1].expected_table(c, explore=self.explore) for s, c in zip(seqs, caps)]
-        self._ids = seqs
-        self._backlog = [cands[s].backlog for s in seqs] if any(cands[s].backlog for s in seqs) else None
-        self._sunk = 0.0
-        if self._backlog is not None:
-            # replayed rows are paid whatever this step drafts: a step is priced by what its
-            # drafts add to them (uneven rows cut the verify into more micro-batches, a draft
-            # that evens them out costs little) on top of a step without replays -- a ratio
-            # over a sunk cost would favour drafting into any expensive step
-            zero = [0] * len(seqs)
-            self._sunk = self.costs.step_seconds(zero, self._backlog, seqs) - self.costs.step_seconds(zero, None, seqs)
-        self._rej = self._over = None
-        if self.replays:  # a rejection also replays the backlog again
-            self._rej = [[(p, rows + p * cands[s].backlog) for p, rows in cands[s].acc.rejection_table(c)]
-                         for s, c in zip(seqs, caps)]
-            if self.costs.split is not None:
-                self._over = [cands[s].acc.overflow_table(c, cands[s].backlog) for s, c in zip(seqs, caps)]
-        self._idle_rows = sum(self._idle(caps, fixed))
+        self._prepare(cands, seqs, caps, fixed)
         self._apply = self.realism  # the main search prices drafts as they have turned out
         ks, best = self._search(caps, fixed, auto, tables, self.margin)
         # hysteresis: keep last step's lengths unless the new ones are clearly better
@@ -697,7 +726,135 @@ class DraftPolicy:
         free = all(caps[i] > 0 and cands[seqs[i]].backlog == 0 for i in auto)
         self._quiet = self.quiet_steps if len(auto) == len(seqs) and not any(ks) and free else 0
         self._quiet_accs = {s: c.acc for s, c in cands.items()} if self._quiet else {}
+        self._quiet_due = {seqs[i] for i in waiting if ks[i] == 0} if self._quiet else set()
         return out
+
+    def _prepare(self, cands: dict[int, Candidate], seqs: list[int], caps: list[int], fixed: list[int | None],
+                 backlog: bool = True) -> None:
+        """Set up :meth:`_rate` for a search over these sequences on the current costs
+        (``backlog=False``: as if nothing were being replayed -- a mode's steady state)."""
+        self._secs.clear()
+        self._ids = seqs
+        bl = [cands[s].backlog if backlog else 0 for s in seqs]
+        self._backlog = bl if any(bl) else None
+        self._sunk = 0.0
+        if self._backlog is not None:
+            # replayed rows are paid whatever this step drafts: a step is priced by what its
+            # drafts add to them (uneven rows cut the verify into more micro-batches, a draft
+            # that evens them out costs little) on top of a step without replays -- a ratio
+            # over a sunk cost would favour drafting into any expensive step
+            zero = [0] * len(seqs)
+            self._sunk = self.costs.step_seconds(zero, self._backlog, seqs) - self.costs.step_seconds(zero, None, seqs)
+        self._rej = self._over = None
+        if self.replays:  # a rejection also replays the backlog again
+            self._rej = [[(p, rows + p * b) for p, rows in cands[s].acc.rejection_table(c)]
+                         for s, c, b in zip(seqs, caps, bl, strict=True)]
+            if self.costs.split is not None:
+                self._over = [cands[s].acc.overflow_table(c, b) for s, c, b in zip(seqs, caps, bl, strict=True)]
+        self._idle_rows = sum(self._idle(caps, fixed))
+
+    # ------------------------------------------------------------ rollback modes
+
+    def _swap(self) -> None:
+        """Trade the current rollback mode's costs and measurements for the alternative's."""
+        assert self.alt is not None
+        self.alt.overhead = self.costs.overhead  # Python's share of a step: the same in either mode
+        self.costs, self.alt = self.alt, self.costs
+        self.replays, self.alt_replays = self.alt_replays, self.replays
+        self._real, self._alt_real = self._alt_real, self._real
+        self._secs.clear()
+
+    def _compare_modes(self, cands: dict[int, Candidate]) -> None:
+        """Snapshots or checkpoints: the best layout's expected tokens/s with snapshots
+        (their tax on every decode included, and their realism where measured) against
+        a step that drafts nothing without them, folded into a running advantage of the
+        other mode; ``switch_wanted`` once it has been clear for long enough to pay for
+        the switch.
+
+        Checkpoint drafting is not what the comparison prices: with replays its model
+        promised what it did not deliver (four sequences at ~75% on a CPU: 0.93x plain
+        at k = 2 against 1.11x with snapshots; one sequence 1.07x against 1.23x), while
+        the snapshot model measured within ~3%. So checkpoints are the mode for text
+        where drafting does not pay (no tax; the policy still probes, and may draft),
+        snapshots the mode for text where it does."""
+        seqs = list(cands)
+        caps = [cands[s].cap for s in seqs]
+        fixed = [cands[s].fixed for s in seqs]
+        auto = [i for i, f in enumerate(fixed) if f is None]
+        if not auto or self.alt is None:
+            return
+        # with snapshots, on the tables their search drafts by (explore included: leaving
+        # them because tables without it would not draft is leaving a mode that drafts);
+        # towards them, on the running estimates alone (a switch is dear; optimism is what
+        # the probes are for)
+        snapshots_now = not self.replays
+        tables = [cands[s].acc.expected_table(c, explore=self.explore if snapshots_now else 0.0)
+                  for s, c in zip(seqs, caps, strict=True)]
+        rates = {}
+        for other in (False, True):
+            if other:
+                self._swap()
+            try:
+                self._prepare(cands, seqs, caps, fixed, backlog=False)
+                if self.replays:  # checkpoints: a step that drafts nothing
+                    self._apply = 1.0
+                    rates["checkpoint"] = self._rate(self._idle(caps, fixed), tables)
+                else:
+                    self._apply = self.realism
+                    ks, rates["snapshots"] = self._search(caps, fixed, auto, tables, self.margin)
+                    self._snap_idle = ks == self._idle(caps, fixed)
+                    if self._snap_idle and snapshots_now:  # idle even on the optimistic estimates?
+                        self._apply = 1.0
+                        opt = [cands[s].acc.expected_table(c, optimistic=True) for s, c in zip(seqs, caps, strict=True)]
+                        self._snap_hopeless = self._search(caps, fixed, auto, opt, self.margin)[0] == ks
+            finally:
+                if other:
+                    self._swap()
+        self._apply = 1.0
+        if min(rates.values()) <= 0.0:
+            return
+        x = math.log(rates["checkpoint"] / rates["snapshots"]) if snapshots_now else \
+            math.log(rates["snapshots"] / rates["checkpoint"])
+        self._adv = x if self._adv_n == 0 else 0.7 * self._adv + 0.3 * x
+        self._adv_n += 1
+        self._idle_n = self._idle_n + 1 if self._snap_idle else 0
+        if snapshots_now and self._snap_idle:
+            # nothing drafts: snapshots only cost (every decode writes them) -- leave once that
+            # is settled: on the optimistic estimates too (one sequence at ~75% on a CPU idles
+            # for a probe's wait now and then), or for SWITCH_IDLE_N comparisons in a row. Not
+            # on the priced tax: a few paired decodes at birth measure it to a few percent,
+            # about its size on four sequences
+            self.switch_wanted = (self._since_switch >= self.switch_dwell // 4 and (
+                self._idle_n >= self.SWITCH_IDLE_N or self._idle_n >= 2 and self._snap_hopeless))
+            return
+        # otherwise the switch must pay for itself within SWITCH_HORIZON_S seconds at the
+        # advantage; back to snapshots only after a backoff that doubles each time a stint
+        # of them ended soon: the acceptance estimates of a sequence that does not draft
+        # drift back towards the prior, and would have the engine try snapshots again every
+        # few dozen steps
+        need = self.switch_margin + self.switch_s / self.SWITCH_HORIZON_S
+        dwell = self.switch_dwell * (1 if snapshots_now else self._snap_backoff)
+        self.switch_wanted = self._adv > math.log1p(need) and self._adv_n >= 2 and self._since_switch >= dwell
+
+    #: a switch of rollback mode pays for itself over this many seconds of the advantage
+    SWITCH_HORIZON_S = 5.0
+    #: snapshots are left once this many comparisons in a row found them idle (two, where
+    #: even the optimistic estimates would not draft)
+    SWITCH_IDLE_N = 32
+    #: a stint of snapshots shorter than this many dwells backs off the next (doubling, up to the max)
+    SWITCH_SHORT = 4
+    SWITCH_BACKOFF_MAX = 16
+
+    def switched(self, seconds: float) -> None:
+        """The engine switched to the alternative rollback mode (it took ``seconds``)."""
+        if not self.replays:  # leaving snapshots: a short stint backs the next one off
+            short = self._since_switch < self.SWITCH_SHORT * self.switch_dwell
+            self._snap_backoff = min(self.SWITCH_BACKOFF_MAX, 2 * self._snap_backoff) if short else 1
+        self._swap()
+        self.switch_s = _ewma(self.switch_s, seconds, 0.5)
+        self._adv, self._adv_n, self._since_switch, self.switch_wanted, self._idle_n = 0.0, 0, 0, False, 0
+        self._last, self._quiet, self._kind = {}, 0, None
+        self.switches += 1
 
     def paid(self, ks: list[int], i: int, accepted: int, ids: list[int] | None = None) -> bool:
         """Whether sequence ``i``'s draft of ``ks[i]`` tokens, of which ``accepted`` were

@@ -110,8 +110,10 @@ class EngineStats:
     verify_s: float = 0.0            # target decodes of the verify batches
     catch_up_s: float = 0.0          # MTP-context decodes that carried catch-up rows only
     restore_s: float = 0.0           # checkpoint saves and restores
+    switch_s: float = 0.0            # switches of the target's rollback mode (new context, state copies)
     step_s: float = 0.0              # wall time inside step()
     steps: int = 0
+    rollback_switches: int = 0       # rollback="auto": snapshots <-> checkpoints while running
     spec: SpecStats = field(default_factory=SpecStats)
     estimated_tok_s: float = 0.0     # what the adaptive draft-length policy expected of the last step
                                      # (0 where no sequence chose its length)
@@ -120,7 +122,7 @@ class EngineStats:
     @property
     def decode_s(self) -> float:
         """Time in step() spent inside llama.cpp: decodes, checkpoint saves and restores."""
-        return self.draft_s + self.verify_s + self.catch_up_s + self.restore_s
+        return self.draft_s + self.verify_s + self.catch_up_s + self.restore_s + self.switch_s
 
     @property
     def python_s(self) -> float:
@@ -138,6 +140,8 @@ class EngineStats:
             "verify_s": self.verify_s,
             "catch_up_s": self.catch_up_s,
             "restore_s": self.restore_s,
+            "switch_s": self.switch_s,
+            "rollback_switches": self.rollback_switches,
             "python_s": self.python_s,
             "step_s": self.step_s,
             "steps": self.steps,

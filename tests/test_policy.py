@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from llama_mtp.speculative.policy import (
@@ -594,11 +596,11 @@ def test_per_step_overhead_favours_longer_steps() -> None:
     assert p.choose({0: (6, acc(0.0), None, 0)}) == {0: 0}  # nothing lands: still no draft
 
 
-def switching(snapshots: bool, tax: float = 0.05) -> DraftPolicy:
+def switching(snapshots: bool, tax: float = 0.05, base: Callable[[], DraftPolicy] | None = None) -> DraftPolicy:
     """memory_bound() that can switch rollback modes: snapshots tax every decode by ``tax``;
     checkpoints pay a save per draft and a restore per rejection. ``snapshots``: the mode
     it is in now."""
-    p = memory_bound()
+    p = (base or memory_bound)()
     alt = p.costs.sibling(None)
     for n, curve in p.costs.verify.curves.items():
         alt.verify.calibrate(n, [(r, v / (1.0 + tax)) for r, v in curve.points.items()])  # no snapshots
@@ -683,3 +685,49 @@ def test_switched_swaps_every_priced_thing() -> None:
     assert p.costs.overhead == pytest.approx(0.002)  # the same Python either way
     assert p.switches == 1 and p.switch_s > 0.0 and not p.switch_wanted
     assert p.costs.drift is p.alt.drift and p.costs.draft is p.alt.draft
+
+
+def test_snapshots_are_not_left_on_thin_evidence() -> None:
+    """One sequence on a compute-bound CPU whose first probe was rejected: every estimate
+    is thin, and nothing looks worth drafting on them -- but the sequence may well be at
+    ~75%. The snapshots stay (for SWITCH_IDLE_N comparisons) until evidence says the
+    first position is poor even optimistically; then they go within a few comparisons."""
+    def one_cpu_sequence() -> DraftPolicy:  # the benchmark model's decodes on a 2-core EPYC
+        p = DraftPolicy(6)
+        p.costs.verify.calibrate(1, [(1, 0.0134), (2, 0.026), (3, 0.028), (4, 0.034), (5, 0.036), (6, 0.038),
+                                     (7, 0.042)])
+        p.costs.draft.calibrate([(1, 0.0025)])
+        return p
+
+    def steps_to_switch(rejections: int) -> int | None:
+        p = switching(snapshots=True, base=one_cpu_sequence)
+        pool = Acceptance(6)
+        a = Acceptance(6, parent=pool)
+        for _ in range(rejections):
+            a.observe(2, 0)
+            pool.observe(2, 0)
+        for t in range(200):
+            if p.switch_wanted:
+                return t
+            p.choose({0: Candidate(6, a, None, 1)})
+        return None
+
+    thin = steps_to_switch(1)
+    assert thin is None or thin >= DraftPolicy.SWITCH_IDLE_N * 4
+    firm = steps_to_switch(12)
+    assert firm is not None and firm <= 4 * 4
+
+
+def test_a_rejected_checkpoint_draft_pays_for_its_replay() -> None:
+    """With checkpoints a rejection replays the accepted tokens (and the last) in the next
+    verify: rows shared with the others where those verifies stay level, a pass of their
+    own on recurrent memory where they do not. Whether a draft paid counts that."""
+    p = memory_bound()
+    p.replays = True
+    p.costs.split = (512, True, 0)
+    p.costs.save = p.costs.restore = 0.0005
+    p.costs.level = 1.0
+    assert p.paid([2, 2, 2, 2], 0, 1)
+    p.costs.level = 0.0
+    assert not p.paid([2, 2, 2, 2], 0, 1)
+    assert p.paid([2, 2, 2, 2], 0, 2)  # taken whole: nothing to replay

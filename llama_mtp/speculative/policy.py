@@ -803,9 +803,17 @@ class DraftPolicy:
                     self._apply = self.realism
                     ks, rates["snapshots"] = self._search(caps, fixed, auto, tables, self.margin)
                     self._snap_idle = ks == self._idle(caps, fixed)
-                    if self._snap_idle and snapshots_now:  # idle even on the optimistic estimates?
+                    # idle even on optimistic estimates, with evidence behind them? (one sequence
+                    # on a CPU, one rejected first probe: nothing looked worth drafting at ~75%)
+                    self._snap_hopeless = False
+                    if self._snap_idle and snapshots_now and all(
+                            self._heard(cands[seqs[i]].acc) >= self.HOPELESS_TRIES for i in auto):
                         self._apply = 1.0
-                        opt = [cands[s].acc.expected_table(c, optimistic=True) for s, c in zip(seqs, caps, strict=True)]
+                        # the first position's optimistic bound, every later one taken for sure
+                        # (their evidence is thinnest: on one CPU sequence at ~75% they land
+                        # 0.97 of the time, and an estimate shrunk towards 0.8 calls it hopeless)
+                        opt = [[1.0 + cands[s].acc.optimistic(0) * j for j in range(c + 1)]
+                               for s, c in zip(seqs, caps, strict=True)]
                         self._snap_hopeless = self._search(caps, fixed, auto, opt, self.margin)[0] == ks
             finally:
                 if other:
@@ -841,6 +849,15 @@ class DraftPolicy:
     #: snapshots are left once this many comparisons in a row found them idle (two, where
     #: even the optimistic estimates would not draft)
     SWITCH_IDLE_N = 32
+    #: the evidence (position-0 tries, decayed; the engine's pool where there is one) behind
+    #: each sequence before its optimistic estimates can call drafting hopeless
+    HOPELESS_TRIES = 2.0
+
+    @staticmethod
+    def _heard(acc: Acceptance) -> float:
+        """Position-0 evidence behind a sequence's estimates: its pool's (which holds its
+        own and every other sequence's), else its own."""
+        return (acc.parent if acc.parent is not None else acc).tries[0]
     #: a stint of snapshots shorter than this many dwells backs off the next (doubling, up to the max)
     SWITCH_SHORT = 4
     SWITCH_BACKOFF_MAX = 16
@@ -860,8 +877,8 @@ class DraftPolicy:
         """Whether sequence ``i``'s draft of ``ks[i]`` tokens, of which ``accepted`` were
         taken, earned what it added to the step: its accepted tokens came at least as
         cheap as the tokens of a step that drafts nothing. A step's drafting cost (its
-        MTP decodes and extra verify rows, and with checkpoints a save and a restore) is
-        shared out by draft length -- exact for one sequence, and two prices a step
+        MTP decodes and extra verify rows, and with checkpoints a save, and for a rejection
+        the restore and the replayed rows of the next step) is shared out by draft length -- exact for one sequence, and two prices a step
         whatever the number of sequences. One accepted token of a long draft resets
         nothing: where verify rows are dear, such probes lose time, and their wait
         must keep growing."""
@@ -877,7 +894,16 @@ class DraftPolicy:
         base, drafting, total = got
         extra = drafting * k / total
         if self.replays:
-            extra += self.costs.save + (self.costs.restore if accepted < k else 0.0)
+            c = self.costs
+            extra += c.save
+            if accepted < k:  # a restore, and the accepted tokens and the last replayed next step:
+                # rows in a verify that other sequences share (level with theirs), or a pass of
+                # their own (on recurrent memory, as often as replay verifies were not level)
+                n = len(ks)
+                rows = accepted + 1
+                per_row = max(0.0, (c.verify(n, 2 * n) - c.verify(n, n)) / n)
+                own = c.verify(1, rows) if c.split is not None and n > 1 else per_row * rows
+                extra += c.restore + (1.0 - c.level) * own + c.level * per_row * rows
         return accepted * base >= extra * len(ks)
 
     def _probe(self, ks: list[int], probing: list[int], opt: list[int], caps: list[int],

@@ -271,7 +271,7 @@ class SpeculativeEngine:
         if not self._exact:  # recurrent state: llama.cpp cuts uneven verifies into micro-batches
             n_rs = self.target.n_rs_seq
             self.policy.costs.split = self._split(n_rs)
-            if switchable and self.drafter is not None:
+            if switchable:
                 # the other mode (no snapshots: checkpoints) is priced too, and the engine
                 # switches the target context to it while it promises to be faster
                 self.policy.alt = self.policy.costs.sibling(self._split(0))
@@ -288,6 +288,17 @@ class SpeculativeEngine:
             except BaseException:
                 self.close()
                 raise
+
+    def _other_target(self) -> Context | None:
+        """A new target context with the other rollback mode (snapshots of draft_max tokens,
+        or none); None where it cannot be made (memory) -- and then the engine stops
+        switching for good."""
+        try:
+            return Context(self.model, self._target_params.replace(
+                n_rs_seq=self.draft_max if self.rollback == "checkpoint" else 0))
+        except (LlamaError, MemoryError):
+            self.policy.stop_switching()
+            return None
 
     def _split(self, n_rs: int) -> tuple[int, bool, int]:
         """How the target cuts a verify into micro-batches with ``n_rs`` snapshots (CostModel.split)."""
@@ -671,11 +682,8 @@ class SpeculativeEngine:
         new one)."""
         alt = self.policy.alt
         assert alt is not None
-        try:
-            other = Context(self.model, self._target_params.replace(
-                n_rs_seq=0 if self.target.n_rs_seq else self.draft_max))
-        except (LlamaError, MemoryError):
-            self.policy.alt = None  # no room for a second target context: no switching either
+        other = self._other_target()
+        if other is None:  # no room for a second target context: no switching either
             return
         try:
             probe = {1, self.draft_max + 1}  # the tax grows about linearly in between
@@ -732,12 +740,8 @@ class SpeculativeEngine:
         new_mode: Literal["snapshots", "checkpoint"] = "snapshots" if self.rollback == "checkpoint" else "checkpoint"
         t0 = time.perf_counter()
         old = self.target
-        try:
-            new = Context(self.model, self._target_params.replace(
-                n_rs_seq=self.draft_max if new_mode == "snapshots" else 0))
-        except (LlamaError, MemoryError):
-            self.policy.alt = None
-            self.policy.switch_wanted = False
+        new = self._other_target()
+        if new is None:
             return
         lost = []  # sequences whose state did not arrive whole: replayed from their history
         try:
@@ -753,8 +757,7 @@ class SpeculativeEngine:
                     new.checkpoint(q.seq, partial=True, reuse=True)  # its save buffer, faulted in now
         except Exception:  # the old context is untouched (saving a state only reads it): stay on it
             new.close()
-            self.policy.alt = None
-            self.policy.switch_wanted = False
+            self.policy.stop_switching()
             return
         except BaseException:
             new.close()

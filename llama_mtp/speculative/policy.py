@@ -853,14 +853,21 @@ class DraftPolicy:
     #: each sequence before its optimistic estimates can call drafting hopeless
     HOPELESS_TRIES = 2.0
 
+    #: a stint of snapshots shorter than this many dwells backs off the next (doubling, up to the max)
+    SWITCH_SHORT = 4
+    SWITCH_BACKOFF_MAX = 16
+
     @staticmethod
     def _heard(acc: Acceptance) -> float:
         """Position-0 evidence behind a sequence's estimates: its pool's (which holds its
         own and every other sequence's), else its own."""
         return (acc.parent if acc.parent is not None else acc).tries[0]
-    #: a stint of snapshots shorter than this many dwells backs off the next (doubling, up to the max)
-    SWITCH_SHORT = 4
-    SWITCH_BACKOFF_MAX = 16
+
+    def stop_switching(self) -> None:
+        """The engine cannot switch rollback modes (no room for the other context, a state
+        that would not copy): price and ask for the current mode only from now on."""
+        self.alt = None
+        self.switch_wanted = False
 
     def switched(self, seconds: float) -> None:
         """The engine switched to the alternative rollback mode (it took ``seconds``)."""
@@ -877,9 +884,10 @@ class DraftPolicy:
         """Whether sequence ``i``'s draft of ``ks[i]`` tokens, of which ``accepted`` were
         taken, earned what it added to the step: its accepted tokens came at least as
         cheap as the tokens of a step that drafts nothing. A step's drafting cost (its
-        MTP decodes and extra verify rows, and with checkpoints a save, and for a rejection
-        the restore and the replayed rows of the next step) is shared out by draft length -- exact for one sequence, and two prices a step
-        whatever the number of sequences. One accepted token of a long draft resets
+        MTP decodes and extra verify rows; with checkpoints a save, and for a rejection
+        the restore and the rows it replays in the next step) is shared out by draft
+        length -- exact for one sequence, and two prices a step whatever the number of
+        sequences. One accepted token of a long draft resets
         nothing: where verify rows are dear, such probes lose time, and their wait
         must keep growing."""
         k = ks[i]

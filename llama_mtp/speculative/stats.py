@@ -121,7 +121,8 @@ class EngineStats:
 
     @property
     def decode_s(self) -> float:
-        """Time in step() spent inside llama.cpp: decodes, checkpoint saves and restores."""
+        """Time in step() spent inside llama.cpp: decodes, checkpoint saves and restores,
+        rollback-mode switches."""
         return self.draft_s + self.verify_s + self.catch_up_s + self.restore_s + self.switch_s
 
     @property

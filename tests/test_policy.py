@@ -488,16 +488,22 @@ def test_a_tie_does_not_draft() -> None:
 def test_idle_steps_search_again_every_few_steps() -> None:
     """After a search that drafts nothing, the next ``quiet_steps`` steps of the same
     sequences reuse it (the estimates move by a half-life of dozens of steps); the one
-    after searches again, and so does any step with a due probe, a replay or a new
-    sequence."""
+    after searches again, and so does any step with a due probe, a replay, a new
+    sequence or fresh shadow evidence (``wake``)."""
     p = compute_bound()
     calls = []
     search = p._search
     p._search = lambda *a, **k: (calls.append(1), search(*a, **k))[1]  # type: ignore[method-assign]
     a = Acceptance(6, prior=0.05, pseudo=1e12)
-    for step in range(9):
+    every = p.quiet_steps + 1
+    for step in range(2 * every + 1):
         assert p.choose({0: (6, a, None, step % 8)}) == {0: 0}  # never due a probe (the first waits 8)
-    assert len(calls) == 3  # steps 0, 4 and 8
+    assert len(calls) == 3  # steps 0, every and 2 * every
+    p.choose({0: (6, a, None, 0)})  # quiet ...
+    n = len(calls)
+    p.wake()  # ... until evidence comes in without a draft (shadow guesses): a search
+    p.choose({0: (6, a, None, 0)})
+    assert len(calls) == n + 1
     a.prior = 1.0  # the text turns predictable: seen within quiet_steps + 1 steps
     got = [p.choose({0: (6, a, None, 0)})[0] for _ in range(p.quiet_steps + 1)]
     assert got[-1] > 0 and got[:-1] == [0] * p.quiet_steps
@@ -596,6 +602,15 @@ def test_per_step_overhead_favours_longer_steps() -> None:
     assert p.choose({0: (6, acc(0.0), None, 0)}) == {0: 0}  # nothing lands: still no draft
 
 
+def one_cpu_sequence() -> DraftPolicy:
+    """The benchmark model's decodes on a 2-core EPYC: a 2-row verify costs two plain steps."""
+    p = DraftPolicy(6)
+    p.costs.verify.calibrate(1, [(1, 0.0134), (2, 0.026), (3, 0.028), (4, 0.034), (5, 0.036), (6, 0.038),
+                                 (7, 0.042)])
+    p.costs.draft.calibrate([(1, 0.0025)])
+    return p
+
+
 def switching(snapshots: bool, tax: float = 0.05, base: Callable[[], DraftPolicy] | None = None) -> DraftPolicy:
     """memory_bound() that can switch rollback modes: snapshots tax every decode by ``tax``;
     checkpoints pay a save per draft and a restore per rejection. ``snapshots``: the mode
@@ -692,13 +707,6 @@ def test_snapshots_are_not_left_on_thin_evidence() -> None:
     is thin, and nothing looks worth drafting on them -- but the sequence may well be at
     ~75%. The snapshots stay (for SWITCH_IDLE_N comparisons) until evidence says the
     first position is poor even optimistically; then they go within a few comparisons."""
-    def one_cpu_sequence() -> DraftPolicy:  # the benchmark model's decodes on a 2-core EPYC
-        p = DraftPolicy(6)
-        p.costs.verify.calibrate(1, [(1, 0.0134), (2, 0.026), (3, 0.028), (4, 0.034), (5, 0.036), (6, 0.038),
-                                     (7, 0.042)])
-        p.costs.draft.calibrate([(1, 0.0025)])
-        return p
-
     def steps_to_switch(rejections: int) -> int | None:
         p = switching(snapshots=True, base=one_cpu_sequence)
         pool = Acceptance(6)
@@ -716,6 +724,39 @@ def test_snapshots_are_not_left_on_thin_evidence() -> None:
     assert thin is None or thin >= DraftPolicy.SWITCH_IDLE_N * 4
     firm = steps_to_switch(12)
     assert firm is not None and firm <= 4 * 4
+
+
+def test_modes_are_compared_less_often_where_neither_would_draft() -> None:
+    """With checkpoints on text nothing drafts for, the comparison (a search of its own)
+    runs every 4 * switch_every steps once it found snapshots idle; with snapshots, where
+    leaving them counts idle comparisons, every switch_every steps."""
+    for snapshots, every in ((False, 16), (True, 4)):
+        p = switching(snapshots=snapshots)
+        calls = []
+        compare = p._compare_modes
+        p._compare_modes = lambda c: (calls.append(1), compare(c))[1]  # type: ignore[method-assign]
+        p.switch_dwell = 10**6  # stay in the mode under test
+        run_modes(p, 0.0, 160)
+        assert p.replays == (not snapshots)
+        assert 160 // every - 3 <= len(calls) <= 160 // every + 3
+
+
+def test_idle_snapshots_that_are_not_hopeless_are_probed() -> None:
+    """Snapshots kept on thin evidence (the comparisons find them idle, the optimistic bound
+    not hopeless) are paid every step: a sequence due a probe gets one, judged on that
+    bound -- without an alternative mode (nothing to leave) the same sequence waits."""
+    def thin(p: DraftPolicy) -> list[int]:
+        pool = Acceptance(6)
+        a = Acceptance(6, parent=pool)
+        a.observe(2, 0)
+        pool.observe(2, 0)
+        return [p.choose({0: Candidate(6, a, None, t)})[0] for t in range(40)]
+
+    got = thin(switching(snapshots=True, base=one_cpu_sequence))
+    assert any(got) and not any(got[:2 * 4])  # after two idle comparisons
+    q = switching(snapshots=True, base=one_cpu_sequence)
+    q.alt = None
+    assert not any(thin(q))
 
 
 def test_a_rejected_checkpoint_draft_pays_for_its_replay() -> None:

@@ -577,8 +577,10 @@ class DraftPolicy:
         self.costs = CostModel()
         self.hysteresis = hysteresis
         #: after a search that drafts nothing, this many steps reuse it (while nobody is due
-        #: a probe): on text the drafter never gets right, the search is most of a step's Python
-        self.quiet_steps = 3
+        #: a probe and no fresh evidence came in: :meth:`wake`): on text the drafter never
+        #: gets right, the search is most of a step's Python (the estimates it reads have a
+        #: half-life of dozens of steps)
+        self.quiet_steps = 7
         self._quiet = 0
         self._quiet_accs: dict[int, Acceptance] = {}  # the sequences (and estimates) of that search
         self._quiet_due: set[int] = set()  # ... due a probe, but found not worth one on the optimistic estimates
@@ -660,8 +662,11 @@ class DraftPolicy:
         self._compare_in -= 1
         if self.alt is not None and self._compare_in <= 0:
             self._compare_modes(cands)
-            # far from a switch (the other mode 5% behind or worse): compare less often
-            self._compare_in = self.switch_every * (4 if self._adv < -0.05 else 1)
+            # far from a switch (the other mode 5% behind or worse, or checkpoints while
+            # snapshots would not draft either -- only an estimate that moves can change
+            # that, and the comparison is a search of its own): compare less often
+            far = self._adv < -0.05 or (self.replays and self._snap_idle)
+            self._compare_in = self.switch_every * (4 if far else 1)
         if all(c.fixed is not None for c in cands.values()):
             # nothing to choose (fixed lengths, n-gram drafts): no search, no estimate
             self.estimated_tok_s, self._last, self._quiet = 0.0, {}, 0
@@ -698,7 +703,8 @@ class DraftPolicy:
         waiting = [i for i in auto if ks[i] == 0 and caps[i] > 0 and self._due(cands[seqs[i]][1], cands[seqs[i]][3])]
         self._apply = 1.0  # probes: on the model's own prices (they are what corrects the realism)
         if waiting:
-            opt_tables = [cands[s][1].expected_table(c, optimistic=True) for s, c in zip(seqs, caps)]
+            opt_tables = self._hopeless_bound(cands, seqs, caps) if self._probe_on_bound() else \
+                [cands[s][1].expected_table(c, optimistic=True) for s, c in zip(seqs, caps)]
             opt, _ = self._search(caps, fixed, auto, opt_tables)
             probing = [i for i in waiting if opt[i] > 0]
             if probing:
@@ -812,8 +818,7 @@ class DraftPolicy:
                         # the first position's optimistic bound, every later one taken for sure
                         # (their evidence is thinnest: on one CPU sequence at ~75% they land
                         # 0.97 of the time, and an estimate shrunk towards 0.8 calls it hopeless)
-                        opt = [[1.0 + cands[s].acc.optimistic(0) * j for j in range(c + 1)]
-                               for s, c in zip(seqs, caps, strict=True)]
+                        opt = self._hopeless_bound(cands, seqs, caps)
                         self._snap_hopeless = self._search(caps, fixed, auto, opt, self.margin)[0] == ks
             finally:
                 if other:
@@ -858,10 +863,29 @@ class DraftPolicy:
     SWITCH_BACKOFF_MAX = 16
 
     @staticmethod
+    def _hopeless_bound(cands: dict[int, Candidate], seqs: list[int], caps: list[int]) -> list[list[float]]:
+        """Expected-token tables on the first position's optimistic bound with every later
+        position taken for sure: what snapshots are left on when even it would not draft."""
+        return [[1.0 + cands[s].acc.optimistic(0) * j for j in range(c + 1)] for s, c in zip(seqs, caps, strict=True)]
+
+    def _probe_on_bound(self) -> bool:
+        """Snapshots that the comparisons keep finding idle, but not hopeless: their tax is
+        paid every step, and only a draft can tell whether they are worth it -- so probes
+        are judged on the same bound that keeps them (a new sequence at ~1 after one at ~0
+        sat out a whole run with snapshots, neither drafting nor leaving them)."""
+        return (self.alt is not None and not self.replays and self._idle_n >= 2
+                and not self._snap_hopeless)
+
+    @staticmethod
     def _heard(acc: Acceptance) -> float:
         """Position-0 evidence behind a sequence's estimates: its pool's (which holds its
         own and every other sequence's), else its own."""
         return (acc.parent if acc.parent is not None else acc).tries[0]
+
+    def wake(self) -> None:
+        """Fresh evidence came in without a draft (the engine's shadow guesses): the next
+        step searches again instead of reusing a quiet search."""
+        self._quiet = 0
 
     def stop_switching(self) -> None:
         """The engine cannot switch rollback modes (no room for the other context, a state

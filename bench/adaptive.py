@@ -190,6 +190,9 @@ def main() -> None:
     ap.add_argument("--size", default="0.3b", choices=sorted(models.SIZES), help="benchmark model size")
     ap.add_argument("--tag", default="", help="suffix of the result files (adaptive-TAG.*), e.g. cuda")
     add_common_args(ap, tokens=96)
+    # a run of 96 tokens on a shared 2-core machine jitters ~4% from the next: a ratio of
+    # two ~5%, so a cell's median needs 15 pairs (5 rounds x 3 prompts) to sit within ~2%
+    ap.set_defaults(repeat=5)
     args = ap.parse_args()
     stem = "adaptive" + (f"-{args.tag}" if args.tag else "")
     if args.quick:

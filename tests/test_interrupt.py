@@ -179,20 +179,29 @@ ENGINE_SCRIPT = SIGINT_PRELUDE + textwrap.dedent(
             print("prefill not interrupted")
         else:
             print("prefill interrupted", eng.free_slots, eng.target.memory.pos_max(0))
-        # 2. Ctrl-C during steps: every sequence stays intact (replayed where needed)
-        ids = eng.add_many([dict(prompt=p, max_tokens=N_GEN) for p in prompts])
-        hits = 0
-        for delay in (0.01, 0.02, 0.03, 0.05):
-            threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT)).start()
+        # 2. Ctrl-C during steps: every sequence stays intact (replayed where needed). Each
+        # try runs the four sequences afresh; one whose signal came after they had finished
+        # (a fast step: CI once saw one hit of four) is not counted
+        hits, intact = 0, True
+        for delay in (0.01, 0.02, 0.03, 0.05, 0.01, 0.02, 0.03, 0.05):
+            if hits >= 4:
+                break
+            ids = eng.add_many([dict(prompt=p, max_tokens=N_GEN) for p in prompts])
+            timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGINT))
             try:
-                for _ in range(1000):
+                timer.start()
+                while eng.active:
                     eng.step()
+                timer.join()
+                time.sleep(0.2)  # a signal that came late is raised here
             except KeyboardInterrupt:
-                hits += 1
-        while eng.active:
-            eng.step()
-        got = [eng.sequence(i).tokens for i in ids]
-        print("steps interrupted", hits, "intact", got == want)
+                hits += bool(eng.active)  # only one that cut the run short
+            while eng.active:
+                eng.step()
+            intact &= [eng.sequence(i).tokens for i in ids] == want
+            for i in ids:
+                eng.remove(i)
+        print("steps interrupted", hits, "intact", intact)
     """
 )
 

@@ -702,6 +702,17 @@ def test_switched_swaps_every_priced_thing() -> None:
     assert p.costs.drift is p.alt.drift and p.costs.draft is p.alt.draft
 
 
+def rejected(n: int) -> Acceptance:
+    """A sequence (with the engine's pool behind it) whose first ``n`` 2-token drafts were
+    rejected at the first position."""
+    pool = Acceptance(6)
+    a = Acceptance(6, parent=pool)
+    for _ in range(n):
+        a.observe(2, 0)
+        pool.observe(2, 0)
+    return a
+
+
 def test_snapshots_are_not_left_on_thin_evidence() -> None:
     """One sequence on a compute-bound CPU whose first probe was rejected: every estimate
     is thin, and nothing looks worth drafting on them -- but the sequence may well be at
@@ -709,11 +720,7 @@ def test_snapshots_are_not_left_on_thin_evidence() -> None:
     first position is poor even optimistically; then they go within a few comparisons."""
     def steps_to_switch(rejections: int) -> int | None:
         p = switching(snapshots=True, base=one_cpu_sequence)
-        pool = Acceptance(6)
-        a = Acceptance(6, parent=pool)
-        for _ in range(rejections):
-            a.observe(2, 0)
-            pool.observe(2, 0)
+        a = rejected(rejections)
         for t in range(200):
             if p.switch_wanted:
                 return t
@@ -746,10 +753,7 @@ def test_idle_snapshots_that_are_not_hopeless_are_probed() -> None:
     not hopeless) are paid every step: a sequence due a probe gets one, judged on that
     bound -- without an alternative mode (nothing to leave) the same sequence waits."""
     def thin(p: DraftPolicy) -> list[int]:
-        pool = Acceptance(6)
-        a = Acceptance(6, parent=pool)
-        a.observe(2, 0)
-        pool.observe(2, 0)
+        a = rejected(1)
         return [p.choose({0: Candidate(6, a, None, t)})[0] for t in range(40)]
 
     got = thin(switching(snapshots=True, base=one_cpu_sequence))

@@ -347,6 +347,11 @@ class CostModel:
         """Seconds of such a verify: the sum of its passes."""
         return sum(self.verify(n, r) for n, r in self.passes(rows, ids))
 
+    def row_seconds(self, n_seqs: int, rows: int) -> float:
+        """What one more row per sequence costs a verify of ``n_seqs`` sequences and
+        ``rows`` rows, per row (never negative)."""
+        return max(0.0, (self.verify(n_seqs, rows + n_seqs) - self.verify(n_seqs, rows)) / n_seqs)
+
     def single_ubatch(self, rows: list[int], ids: list[int]) -> bool:
         """Whether a verify of this layout is one decode (what the per-count curves learn from)."""
         return len(self.passes(rows, ids)) <= 1
@@ -933,7 +938,7 @@ class DraftPolicy:
                 # their own (on recurrent memory, as often as replay verifies were not level)
                 n = len(ks)
                 rows = accepted + 1
-                per_row = max(0.0, (c.verify(n, 2 * n) - c.verify(n, n)) / n)
+                per_row = c.row_seconds(n, n)
                 own = c.verify(1, rows) if c.split is not None and n > 1 else per_row * rows
                 extra += c.restore + (1.0 - c.level) * own + c.level * per_row * rows
         return accepted * base >= extra * len(ks)
@@ -1003,7 +1008,7 @@ class DraftPolicy:
             return 0.0
         n = len(ks)
         rows = sum(1 + k for k in ks)
-        per_row = max(0.0, (c.verify(n, rows + n) - c.verify(n, rows)) / n)
+        per_row = c.row_seconds(n, rows)
         p_rej = sum(rej[i][ks[i]][0] for i in drafting)
         replay = sum(rej[i][ks[i]][1] for i in drafting)
         extra = 0.0

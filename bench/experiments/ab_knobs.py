@@ -1,0 +1,62 @@
+"""In-run A/B of the auto policy's knobs: plain, one fixed k, main's auto and a variant's
+auto as four engines of one process, interleaved (rotating order), paired against plain.
+
+    python bench/experiments/ab_knobs.py LEVEL N_PAR ROUNDS [K_REF]   (env VAR=<variant>)
+
+Variants (set on the variant engine's policy): trust (margin 0, no realism factor),
+sticky (trust + hysteresis 0.1), norealism, snap (rollback="snapshots"); with
+realism-sums.patch applied (it keeps main's path behind ``DraftPolicy.REALISM_SUMS``,
+which this script sets False on the main engine): sums (the patch alone), sumstrust
+(+ margin 0), noback (+ margin 0, probe_max = probe_gap). Results: knobs-50-xeon-ab.txt.
+"""
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import adaptive as A  # noqa: E402
+
+import llama_mtp as lm  # noqa: E402
+from llama_mtp.speculative import SpeculativeEngine  # noqa: E402
+
+name, n_par, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+ref = int(sys.argv[4]) if len(sys.argv) > 4 else 2
+path, prompts = A.level_model(name)
+model = lm.Model(path)
+engs = {"plain": A.engine(model, 0, n_par, 2, 4096), f"k{ref}": A.engine(model, ref, n_par, 2, 4096),
+        "main": A.engine(model, "auto", n_par, 2, 4096), "var": A.engine(model, "auto", n_par, 2, 4096)}
+engs["main"].policy.REALISM_SUMS = False  # main's path where the patch is applied; harmless without it
+var = os.environ.get("VAR", "")
+v = engs["var"].policy
+if var in ("trust", "sticky", "norealism"):
+    v.REALISM_MIN = 10**9
+if var in ("trust", "sticky", "sumstrust", "noback"):
+    v.margin = 0.0
+if var == "sticky":
+    v.hysteresis = 0.1
+if var == "noback":
+    v.probe_max = v.probe_gap
+if var == "snap":
+    engs["var"].close()
+    engs["var"] = SpeculativeEngine(model, max_sequences=n_par, n_ctx=4096, draft_max="auto", mtp=True,
+                                    sampling=A.GREEDY, params=lm.ContextParams(n_threads=2), rollback="snapshots")
+n = 96 if n_par == 1 else 48
+for e in engs.values():
+    A.measure(e, model, prompts[:1], 16, n_par)
+pairs = {k: [] for k in engs}
+hist = {k: {} for k in engs}
+keys = list(engs)
+for r in range(rounds):
+    order = keys[r % 4:] + keys[:r % 4]
+    for p in prompts:
+        rate = {}
+        for k in order:
+            tok, sec, spec = A.timed(engs[k], model, (p,), n, n_par)
+            rate[k] = tok / sec
+            for a, b in spec.draft_length_hist.items(): hist[k][a] = hist[k].get(a, 0) + b
+        for k in keys: pairs[k].append(rate[k] / rate["plain"])
+    print(r, {k: round(statistics.median(v), 3) for k, v in pairs.items()}, flush=True)
+print(name, f"x{n_par}", {k: round(statistics.median(v), 4) for k, v in pairs.items()},
+      "var/main paired", round(statistics.median(a / b for a, b in zip(pairs["var"], pairs["main"])), 4))
+print("hist main", dict(sorted(hist["main"].items())), "var", dict(sorted(hist["var"].items())))

@@ -7,7 +7,9 @@ Variants (set on the variant engine's policy): trust (margin 0, no realism facto
 sticky (trust + hysteresis 0.1), norealism, snap (rollback="snapshots"); with
 realism-sums.patch applied (it keeps main's path behind ``DraftPolicy.REALISM_SUMS``,
 which this script sets False on the main engine): sums (the patch alone), sumstrust
-(+ margin 0), noback (+ margin 0, probe_max = probe_gap). Results: knobs-50-xeon-ab.txt.
+(+ margin 0), noback (+ margin 0, probe_max = probe_gap); with eager-catch-up.patch applied
+(main gets eager_idle = 0, the old queueing): none (the patch alone), queue (both queue).
+Results: knobs-50-xeon-ab.txt, eager-catch-up-ab.txt.
 """
 import os
 import statistics
@@ -27,8 +29,11 @@ model = lm.Model(path)
 engs = {"plain": A.engine(model, 0, n_par, 2, 4096), f"k{ref}": A.engine(model, ref, n_par, 2, 4096),
         "main": A.engine(model, "auto", n_par, 2, 4096), "var": A.engine(model, "auto", n_par, 2, 4096)}
 engs["main"].policy.REALISM_SUMS = False  # main's path where the patch is applied; harmless without it
+engs["main"].eager_idle = 0  # main before EAGER_IDLE (queue every idle sequence)
 var = os.environ.get("VAR", "")
 v = engs["var"].policy
+if var == "queue":  # the variant queues too (both engines as before EAGER_IDLE)
+    engs["var"].eager_idle = 0
 if var in ("trust", "sticky", "norealism"):
     v.REALISM_MIN = 10**9
 if var in ("trust", "sticky", "sumstrust", "noback"):

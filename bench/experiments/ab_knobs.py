@@ -8,7 +8,8 @@ sticky (trust + hysteresis 0.1), norealism, snap (rollback="snapshots"); with
 realism-sums.patch applied (it keeps main's path behind ``DraftPolicy.REALISM_SUMS``,
 which this script sets False on the main engine): sums (the patch alone), sumstrust
 (+ margin 0), noback (+ margin 0, probe_max = probe_gap); with eager-catch-up.patch applied
-(main gets eager_idle = 0, the old queueing): none (the patch alone), queue (both queue).
+(main gets eager_idle = 0, the old queueing): none (the patch alone), queue (both queue),
+priced (eager-catch-up-priced.patch: the eager flush only while steady drafting would pay).
 Results: knobs-50-xeon-ab.txt, eager-catch-up-ab.txt.
 """
 import os
@@ -32,6 +33,8 @@ engs["main"].policy.REALISM_SUMS = False  # main's path where the patch is appli
 engs["main"].eager_idle = 0  # main before EAGER_IDLE (queue every idle sequence)
 var = os.environ.get("VAR", "")
 v = engs["var"].policy
+if var == "priced":
+    engs["var"].eager_priced = True
 if var == "queue":  # the variant queues too (both engines as before EAGER_IDLE)
     engs["var"].eager_idle = 0
 if var in ("trust", "sticky", "norealism"):

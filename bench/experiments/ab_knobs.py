@@ -9,7 +9,7 @@ realism-sums.patch applied (it keeps main's path behind ``DraftPolicy.REALISM_SU
 which this script sets False on the main engine): sums (the patch alone), sumstrust
 (+ margin 0), noback (+ margin 0, probe_max = probe_gap); with eager-catch-up.patch applied
 (main gets eager_idle = 0, the old queueing): none (the patch alone), queue (both queue),
-priced (eager-catch-up-priced.patch: the eager flush only while steady drafting would pay).
+priced (the patch's eager_priced switch: the eager flush only while steady drafting would pay).
 Results: knobs-50-xeon-ab.txt, eager-catch-up-ab.txt.
 """
 import os
@@ -32,19 +32,19 @@ engs = {"plain": A.engine(model, 0, n_par, 2, 4096), f"k{ref}": A.engine(model, 
 engs["main"].policy.REALISM_SUMS = False  # main's path where the patch is applied; harmless without it
 engs["main"].eager_idle = 0  # main before EAGER_IDLE (queue every idle sequence)
 var = os.environ.get("VAR", "")
-v = engs["var"].policy
+pol = engs["var"].policy  # the variant's
 if var == "priced":
     engs["var"].eager_priced = True
 if var == "queue":  # the variant queues too (both engines as before EAGER_IDLE)
     engs["var"].eager_idle = 0
 if var in ("trust", "sticky", "norealism"):
-    v.REALISM_MIN = 10**9
+    pol.REALISM_MIN = 10**9
 if var in ("trust", "sticky", "sumstrust", "noback"):
-    v.margin = 0.0
+    pol.margin = 0.0
 if var == "sticky":
-    v.hysteresis = 0.1
+    pol.hysteresis = 0.1
 if var == "noback":
-    v.probe_max = v.probe_gap
+    pol.probe_max = pol.probe_gap
 if var == "snap":
     engs["var"].close()
     engs["var"] = SpeculativeEngine(model, max_sequences=n_par, n_ctx=4096, draft_max="auto", mtp=True,

@@ -556,6 +556,115 @@ def test_idle_sequences_skip_catch_up(model_path) -> None:
     assert_greedy_matches(got, reference(path, tuple(prompt), n))
 
 
+@pytest.mark.parametrize("eager,ratio", [(True, 1.0), (True, 0.5), (False, 1.0)])
+@pytest.mark.parametrize("n_seq", [1, 2])
+def test_recently_idle_sequences_catch_up_every_step(model_path, eager: bool, ratio: float, n_seq: int) -> None:
+    """A sequence that drafted a few steps ago, and whose drafts would pay once under way,
+    feeds the MTP context after every idle step (so resuming carries no backlog), all
+    such sequences in one flush; one whose drafts would not pay, or that has idled for
+    EAGER_IDLE steps (or with ``eager_idle = 0``), queues its rows. Output is plain
+    greedy decoding."""
+    from llama_mtp.speculative.engine import CATCH_UP_QUEUE, EAGER_IDLE, EAGER_RATIO
+
+    path = str(model_path("planted"))
+    model = _models(path)
+    prompts = [model.tokenize(p) for p in PROMPTS[:n_seq]]
+    n = EAGER_IDLE + 12
+    with SpeculativeEngine(model, n_ctx=256, sampling=GREEDY, max_sequences=n_seq) as eng:
+        assert eng.eager_idle == EAGER_IDLE
+        if not eager:
+            eng.eager_idle = 0
+        steps = [0]
+
+        def choose(cands, steps=steps):  # draft 2 tokens on the first two steps, then never
+            steps[0] += 1
+            return {s: (min(2, c[0]) if steps[0] <= 2 else 0) for s, c in cands.items()}
+
+        priced: list[int] = []
+
+        def steady_ratios(accs, cap):
+            priced.append(len(accs))
+            return [ratio] * len(accs)
+
+        eng.policy.choose = choose  # type: ignore[method-assign]
+        eng.policy.steady_ratios = steady_ratios  # type: ignore[method-assign]
+        assert eng.drafter is not None
+        flushes: list[list[int]] = []
+        real_flush = eng.drafter.flush
+
+        def flush(seqs=None, shadow=0):
+            flushes.append(list(seqs or []))
+            return real_flush(seqs, shadow)
+
+        eng.drafter.flush = flush  # type: ignore[method-assign]
+        ids = [eng.add(p, max_tokens=n, ignore_eos=True) for p in prompts]
+        pending: list[list[tuple[int, int]]] = []
+        while eng.active:
+            flushes.clear()
+            eng.step()
+            if eng.active:
+                pending.append([(eng.sequence(i).stats.num_drafts, eng.drafter.pending(i)) for i in ids])
+                if eager and ratio >= EAGER_RATIO and 3 <= len(pending) <= EAGER_IDLE:
+                    assert flushes == [ids]  # every recent one, in one flush
+        got = [eng.sequence(i).tokens for i in ids]
+    assert all(p[0] == 2 for p in pending[1])  # they drafted
+    assert bool(priced) == eager
+    for j in range(n_seq):
+        idle = [row[j][1] for row in pending[2:]]
+        if eager and ratio >= EAGER_RATIO:
+            # caught up after every idle step while it is recent, queueing after EAGER_IDLE of them
+            assert idle[: EAGER_IDLE - 1] == [0] * (EAGER_IDLE - 1)
+            assert idle[-1] == len(idle) - (EAGER_IDLE - 1) <= CATCH_UP_QUEUE
+        else:
+            # queued, as before: the last draft's accepted rows, one more each idle step
+            assert idle[0] >= 1 and idle == list(range(idle[0], idle[0] + len(idle)))
+    for p, g in zip(prompts, got, strict=True):
+        assert_greedy_matches(g, reference(path, tuple(p), n))
+
+
+def test_idle_rows_ride_along_while_another_sequence_drafts(model_path) -> None:
+    """While one sequence drafts, another that stopped drafting a step ago does not flush
+    its catch-up row after every step: the drafting one's first MTP decode carries it,
+    so its queue stays one row long without a decode of its own."""
+    path = str(model_path("planted"))
+    model = _models(path)
+    prompts = [model.tokenize(p) for p in PROMPTS[:2]]
+    n = 20
+    with SpeculativeEngine(model, n_ctx=256, sampling=GREEDY, max_sequences=2) as eng:
+        steps = [0]
+        ids: list[int] = []
+
+        def choose(cands, steps=steps):  # both draft on the first two steps, then only the first
+            steps[0] += 1
+            return {s: (min(2, c[0]) if steps[0] <= 2 or s == ids[0] else 0) for s, c in cands.items()}
+
+        eng.policy.choose = choose  # type: ignore[method-assign]
+        eng.policy.steady_ratios = lambda accs, cap: [2.0] * len(accs)  # type: ignore[method-assign]
+        assert eng.drafter is not None
+        flushes: list[list[int]] = []
+        real_flush = eng.drafter.flush
+
+        def flush(seqs=None, shadow=0):
+            flushes.append(list(seqs or []))
+            return real_flush(seqs, shadow)
+
+        eng.drafter.flush = flush  # type: ignore[method-assign]
+        ids += [eng.add(p, max_tokens=n, ignore_eos=True) for p in prompts]
+        queued, alone = [], []
+        while eng.active:
+            flushes.clear()
+            eng.step()
+            if steps[0] >= 3 and not eng.sequence(ids[0]).finished:
+                queued.append((eng.drafter.pending(ids[1]), flushes[:]))
+            elif steps[0] >= 3 and not eng.sequence(ids[1]).finished:
+                alone.append(flushes[:])  # the first finished: now nobody drafts, it catches up eagerly
+        got = [eng.sequence(i).tokens for i in ids]
+    assert len(queued) >= 4 and queued == [(1, [])] * len(queued)
+    assert alone and alone[0] == [[ids[1]]]
+    for p, g in zip(prompts, got, strict=True):
+        assert_greedy_matches(g, reference(path, tuple(p), n))
+
+
 @pytest.mark.parametrize("round_s", [None, 0.0])
 def test_calibration_times_each_shape_in_interleaved_rounds(model_path, monkeypatch: pytest.MonkeyPatch,
                                                              round_s: float | None) -> None:

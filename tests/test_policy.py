@@ -421,6 +421,41 @@ def test_first_draft_decode_cost_counts() -> None:
     assert p.choose({0: (6, a, None, 0)})[0] == 0
 
 
+@pytest.mark.parametrize("cpu", ["epyc", "xeon"])
+def test_steady_ratio_prices_drafting_under_way(cpu: str) -> None:
+    """What drafting would earn once under way, over a plain step: the best k's
+    expected tokens per second, its first MTP decode priced as a pure draft decode
+    (however dear resuming was measured). The two 2-core CPUs this was tuned on, at
+    ~0.66 acceptance: where a 2-row verify costs almost two plain decodes (EPYC) drafting
+    does not pay even steadily; where verify rows are cheap (Xeon), k = 2 pays ~9%."""
+    p = DraftPolicy(6)
+    if cpu == "epyc":
+        p.costs.verify.calibrate(1, [(1, 0.0135), (2, 0.0260), (3, 0.0270), (4, 0.0304), (5, 0.0337),
+                                     (6, 0.0345), (7, 0.0355)])
+        p.costs.draft.calibrate([(1, 0.0026)])
+    else:
+        p.costs.verify.calibrate(1, [(1, 0.0244), (2, 0.0308), (3, 0.0354), (7, 0.0519)])
+        p.costs.draft.calibrate([(1, 0.0058)])
+    p.costs.first.calibrate([(1, 0.0110)])  # resuming after idle steps, with a backlog of catch-up rows
+    a, b = Acceptance(6, prior=0.66, pseudo=1e12), Acceptance(6, prior=0.2, pseudo=1e12)
+    got = p.steady_ratios([a, b], 6)
+    plain = p.costs.step_seconds([0])
+    tab = a.expected_table(6)
+    want = max(tab[k] / p.costs.step_seconds([k], steady=True) for k in range(1, 7)) * plain
+    assert got[0] == pytest.approx(want)
+    assert got[1] < got[0]  # less acceptance, less to earn
+    # steady: the dear first decode is left out, not the draft decodes
+    assert p.costs.step_seconds([2], steady=True) == pytest.approx(
+        plain - p.costs.verify_layout([1]) + p.costs.verify_layout([3]) + 2 * p.costs.draft(1))
+    assert p.costs.step_seconds([2]) > p.costs.step_seconds([2], steady=True)
+    if cpu == "epyc":
+        assert got[0] < 0.95
+    else:
+        assert 1.05 < got[0] < 1.15
+        # resuming with a backlog prices k = 1 .. 2 near plain: what kept auto idle there
+        assert max(tab[k] / p.costs.step_seconds([k]) for k in (1, 2)) * plain < 1.03
+
+
 def test_rejection_table() -> None:
     a = acc(0.5, k=4)
     t = a.rejection_table(3)

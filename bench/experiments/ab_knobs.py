@@ -7,9 +7,11 @@ Variants (set on the variant engine's policy): trust (margin 0, no realism facto
 sticky (trust + hysteresis 0.1), norealism, snap (rollback="snapshots"); with
 realism-sums.patch applied (it keeps main's path behind ``DraftPolicy.REALISM_SUMS``,
 which this script sets False on the main engine): sums (the patch alone), sumstrust
-(+ margin 0), noback (+ margin 0, probe_max = probe_gap); with eager-catch-up.patch applied
-(main gets eager_idle = 0, the old queueing): none (the patch alone), queue (both queue),
-priced (the patch's eager_priced switch: the eager flush only while steady drafting would pay).
+(+ margin 0), noback (+ margin 0, probe_max = probe_gap). The "main" engine gets
+``eager_idle = 0`` (every idle sequence queues its catch-up rows, as before eager catch-up
+landed), so no variant (VAR unset) compares eager catch-up with queueing; queue: both queue.
+(The eager-catch-up patch's none / priced variants of eager-catch-up-ab.txt are what
+landed: priced, plus no eager flush while another sequence drafts.)
 Results: knobs-50-xeon-ab.txt, eager-catch-up-ab.txt.
 """
 import os
@@ -33,8 +35,6 @@ engs["main"].policy.REALISM_SUMS = False  # main's path where the patch is appli
 engs["main"].eager_idle = 0  # main before EAGER_IDLE (queue every idle sequence)
 var = os.environ.get("VAR", "")
 pol = engs["var"].policy  # the variant's
-if var == "priced":
-    engs["var"].eager_priced = True
 if var == "queue":  # the variant queues too (both engines as before EAGER_IDLE)
     engs["var"].eager_idle = 0
 if var in ("trust", "sticky", "norealism"):

@@ -381,15 +381,18 @@ class CostModel:
             self.first.calibrate([(n, self.draft(n))], count=1)
         self.first.observe(n, seconds)
 
-    def step_seconds(self, ks: list[int], backlog: list[int] | None = None, ids: list[int] | None = None) -> float:
+    def step_seconds(self, ks: list[int], backlog: list[int] | None = None, ids: list[int] | None = None,
+                     steady: bool = False) -> float:
         """Seconds of a step whose sequences (``ids``, in batch order) draft ``ks`` tokens,
-        with ``backlog`` replayed tokens each in the verify."""
+        with ``backlog`` replayed tokens each in the verify; ``steady``: sequences that
+        drafted on the step before too, whose first MTP decode is priced as a pure draft
+        decode (only the last verify's accepted rows, which a draft decode hides)."""
         rows = [1 + k for k in ks] if not backlog else [1 + k + b for k, b in zip(ks, backlog)]
         t = self.overhead + self.verify_layout(rows, ids)
         for i in range(max(ks, default=0)):
             n = sum(1 for k in ks if k > i)
             # the first decode carries the same outputs as a pure one, and more rows
-            t += max(self.first(n), self.draft(n)) if i == 0 and self.first.points else self.draft(n)
+            t += max(self.first(n), self.draft(n)) if i == 0 and self.first.points and not steady else self.draft(n)
         return t
 
 
@@ -1056,6 +1059,21 @@ class DraftPolicy:
         if best < base * (1.0 + margin):
             return self._idle(caps, fixed), base
         return ks, best
+
+    def steady_ratios(self, accs: list[Acceptance], cap: int) -> list[float]:
+        """For each sequence (by its acceptance), what drafting steadily would earn: the
+        best k's expected tokens per second, up to ``cap``, over a step that drafts
+        nothing -- alone in the batch, on the running cost estimates, with every first
+        MTP decode priced as a pure draft decode (no catch-up backlog). Above 1, drafting
+        pays once it is under way, whatever resuming it costs."""
+        c = self.costs
+        cap = max(1, cap)
+        seconds = [c.step_seconds([k], steady=True) for k in range(cap + 1)]
+        out = []
+        for acc in accs:
+            tab = acc.expected_table(cap)
+            out.append(max(tab[k] / seconds[k] for k in range(1, len(tab))) * seconds[0])
+        return out
 
     @staticmethod
     def _idle(caps: list[int], fixed: list[int | None]) -> list[int]:

@@ -307,6 +307,38 @@ def test_exploring_past_the_positions_drafted_so_far() -> None:
     assert fresh.expected_table(6, explore=0.3) == fresh.expected_table(6)
 
 
+def test_exploration_fades_once_drafts_reach_the_positions() -> None:
+    """The explore bonus is for positions not yet tested: once drafts reach them every
+    step it fades as 1 / evidence (at 1 / sqrt(evidence) it held ~0.05 a position for
+    good, and the compounded optimism chose longer drafts than the estimates pay for)."""
+    import random
+    rng = random.Random(7)
+    a = Acceptance(6)
+    for _ in range(200):
+        a.tick()
+        accepted = 0
+        while accepted < 4 and rng.random() < 0.75:
+            accepted += 1
+        a.observe(4, accepted)  # four tokens a step: positions 0..3 tested, 4 never
+    assert min(a.tries[:4]) > 15.0 and a.tries[4] == 0.0
+
+    def policy(**knobs: float) -> DraftPolicy:
+        p = DraftPolicy(6)
+        for name, value in knobs.items():
+            setattr(p, name, value)
+        p.costs.verify.calibrate(1, [(r, 0.010 + 0.003 * r) for r in (1, 2, 4, 8, 16, 32)])
+        p.costs.draft.calibrate([(1, 0.002), (4, 0.003)])
+        return p
+
+    p = policy()
+    bonus = [x - y for x, y in zip(a.alphas(6, explore=p.explore, explore_power=p.explore_power),
+                                   a.alphas(6), strict=True)]
+    assert max(bonus[:4]) < 0.02 < 0.2 < bonus[4]  # the first untested position keeps its bonus
+    cands = {0: (4, a, None, 0)}
+    assert policy().choose(cands)[0] == policy(explore=0.0).choose(cands)[0] == 2
+    assert policy(explore_power=0.5).choose(cands)[0] == 3  # what the lasting bonus chose
+
+
 def test_probes_back_off_while_they_fail() -> None:
     p = compute_bound()
     a = Acceptance(6)

@@ -7,12 +7,14 @@ Variants (set on the variant engine's policy): trust (margin 0, no realism facto
 sticky (trust + hysteresis 0.1), norealism, snap (rollback="snapshots"); with
 realism-sums.patch applied (it keeps main's path behind ``DraftPolicy.REALISM_SUMS``,
 which this script sets False on the main engine): sums (the patch alone), sumstrust
-(+ margin 0), noback (+ margin 0, probe_max = probe_gap). The "main" engine gets
-``eager_idle = 0`` (every idle sequence queues its catch-up rows, as before eager catch-up
-landed), so no variant (VAR unset) compares eager catch-up with queueing; queue: both queue.
-(The eager-catch-up patch's none / priced variants of eager-catch-up-ab.txt are what
-landed: priced, plus no eager flush while another sequence drafts.)
-Results: knobs-50-xeon-ab.txt, eager-catch-up-ab.txt.
+(+ margin 0), noback (+ margin 0, probe_max = probe_gap). For those, the "main" engine
+gets ``eager_idle = 0`` (every idle sequence queues its catch-up rows, as before eager
+catch-up landed), so no variant (VAR unset) compares eager catch-up with queueing; queue:
+both queue. (The eager-catch-up patch's none / priced variants of eager-catch-up-ab.txt
+are what landed: priced, plus no eager flush while another sequence drafts.) Against
+main as it is: noexplore (explore 0), sqrt (the explore bonus fading as 1 / sqrt(evidence),
+not 1 / evidence: main before 2026-12-06, whose A/B ran as "explore1", the variant then).
+Results: knobs-50-xeon-ab.txt, eager-catch-up-ab.txt, explore-ab.txt.
 """
 import os
 import statistics
@@ -32,8 +34,9 @@ model = lm.Model(path)
 engs = {"plain": A.engine(model, 0, n_par, 2, 4096), f"k{ref}": A.engine(model, ref, n_par, 2, 4096),
         "main": A.engine(model, "auto", n_par, 2, 4096), "var": A.engine(model, "auto", n_par, 2, 4096)}
 engs["main"].policy.REALISM_SUMS = False  # main's path where the patch is applied; harmless without it
-engs["main"].eager_idle = 0  # main before EAGER_IDLE (queue every idle sequence)
 var = os.environ.get("VAR", "")
+if var in ("", "queue", "trust", "sticky", "norealism", "snap", "sums", "sumstrust", "noback"):
+    engs["main"].eager_idle = 0  # main before EAGER_IDLE (queue every idle sequence)
 pol = engs["var"].policy  # the variant's
 if var == "queue":  # the variant queues too (both engines as before EAGER_IDLE)
     engs["var"].eager_idle = 0
@@ -43,6 +46,10 @@ if var in ("trust", "sticky", "sumstrust", "noback"):
     pol.margin = 0.0
 if var == "sticky":
     pol.hysteresis = 0.1
+if var == "noexplore":
+    pol.explore = 0.0
+if var == "sqrt":  # the explore bonus shrinking as 1/sqrt(evidence), as before 2026-12-06
+    pol.explore_power = 0.5
 if var == "noback":
     pol.probe_max = pol.probe_gap
 if var == "snap":

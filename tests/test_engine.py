@@ -588,15 +588,7 @@ def test_recently_idle_sequences_catch_up_every_step(model_path, eager: bool, ra
 
         eng.policy.choose = choose  # type: ignore[method-assign]
         eng.policy.steady_ratios = steady_ratios  # type: ignore[method-assign]
-        assert eng.drafter is not None
-        flushes: list[list[int]] = []
-        real_flush = eng.drafter.flush
-
-        def flush(seqs=None, shadow=0):
-            flushes.append(list(seqs or []))
-            return real_flush(seqs, shadow)
-
-        eng.drafter.flush = flush  # type: ignore[method-assign]
+        flushes = _record_flushes(eng)
         ids = [eng.add(p, max_tokens=n, ignore_eos=True) for p in prompts]
         pending: list[list[tuple[int, int]]] = []
         while eng.active:
@@ -622,6 +614,20 @@ def test_recently_idle_sequences_catch_up_every_step(model_path, eager: bool, ra
         assert_greedy_matches(g, reference(path, tuple(p), n))
 
 
+def _record_flushes(eng: SpeculativeEngine) -> list[list[int]]:
+    """The sequences of each catch-up-only MTP flush the engine makes from now on."""
+    assert eng.drafter is not None
+    flushes: list[list[int]] = []
+    real_flush = eng.drafter.flush
+
+    def flush(seqs=None, shadow=0):
+        flushes.append(list(seqs or []))
+        return real_flush(seqs, shadow)
+
+    eng.drafter.flush = flush  # type: ignore[method-assign]
+    return flushes
+
+
 def test_idle_rows_ride_along_while_another_sequence_drafts(model_path) -> None:
     """While one sequence drafts, another that stopped drafting a step ago does not flush
     its catch-up row after every step: the drafting one's first MTP decode carries it,
@@ -640,15 +646,7 @@ def test_idle_rows_ride_along_while_another_sequence_drafts(model_path) -> None:
 
         eng.policy.choose = choose  # type: ignore[method-assign]
         eng.policy.steady_ratios = lambda accs, cap: [2.0] * len(accs)  # type: ignore[method-assign]
-        assert eng.drafter is not None
-        flushes: list[list[int]] = []
-        real_flush = eng.drafter.flush
-
-        def flush(seqs=None, shadow=0):
-            flushes.append(list(seqs or []))
-            return real_flush(seqs, shadow)
-
-        eng.drafter.flush = flush  # type: ignore[method-assign]
+        flushes = _record_flushes(eng)
         ids += [eng.add(p, max_tokens=n, ignore_eos=True) for p in prompts]
         queued, alone = [], []
         while eng.active:

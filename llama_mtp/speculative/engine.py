@@ -1000,9 +1000,9 @@ class SpeculativeEngine:
                 and not q.state.finished and q not in queued and self.drafter.pending(q.seq) > 0]
         if not near:
             return []
-        auto = [q for q in near if q.acc is not None]
-        ratios = self.policy.steady_ratios([q.acc for q in auto if q.acc is not None], self.draft_max)
-        pays = {q.seq for q, r in zip(auto, ratios, strict=True) if r >= EAGER_RATIO}
+        auto = [(q.seq, q.acc) for q in near if q.acc is not None]
+        ratios = self.policy.steady_ratios([acc for _, acc in auto], self.draft_max)
+        pays = {seq for (seq, _), r in zip(auto, ratios, strict=True) if r >= EAGER_RATIO}
         return [q for q in near if q.acc is None or q.seq in pays]
 
     def _shadow_evidence(self) -> None:

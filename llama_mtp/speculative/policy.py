@@ -63,6 +63,11 @@ __all__ = ["Acceptance", "Candidate", "CostModel", "DraftPolicy", "Drift", "Piec
            "equal_split"]
 
 
+#: how the explore bonus of a draft position fades with its evidence: explore / (evidence +
+#: 1) ** EXPLORE_POWER (:attr:`DraftPolicy.explore_power`, the default of every estimate)
+EXPLORE_POWER = 1.0
+
+
 def _ewma(old: float, x: float, weight: float) -> float:
     """An exponentially weighted mean of positive samples (0.0: nothing seen yet)."""
     if x <= 0.0:
@@ -443,7 +448,7 @@ class Acceptance:
         return self.alphas(i + 1, optimistic=True)[i]
 
     def alphas(self, n: int, optimistic: bool = False, explore: float = 0.0,
-               without: Acceptance | None = None, explore_power: float = 0.5) -> list[float]:
+               without: Acceptance | None = None, explore_power: float = EXPLORE_POWER) -> list[float]:
         """``alpha(0 .. n-1)`` (or the optimistic estimates) in one pass over the evidence;
         ``explore``: a bonus for positions past the first, shrinking with their evidence;
         ``without``: leave that child's evidence out (a parent's estimate for the child
@@ -452,7 +457,7 @@ class Acceptance:
         return self._estimates(n, hits, tries, optimistic, explore, explore_power)
 
     def _estimates(self, n: int, hits: list[float], tries: list[float], optimistic: bool = False,
-                   explore: float = 0.0, explore_power: float = 0.5) -> list[float]:
+                   explore: float = 0.0, explore_power: float = EXPLORE_POWER) -> list[float]:
         """:meth:`alphas` on this evidence (the parent's, less this sequence's, taken once)."""
         out: list[float] = []
         est = self.prior
@@ -548,7 +553,7 @@ class Acceptance:
         return out
 
     def expected_table(self, k_max: int, optimistic: bool = False, explore: float = 0.0,
-                       explore_power: float = 0.5) -> list[float]:
+                       explore_power: float = EXPLORE_POWER) -> list[float]:
         """``expected_tokens(k)`` for k = 0 .. k_max, in one pass."""
         out, total, run = [1.0], 1.0, 1.0
         for a in self.alphas(k_max, optimistic, explore, explore_power=explore_power):
@@ -607,7 +612,7 @@ class DraftPolicy:
         #: half-life of 32 steps); at 0.5 it stayed at ~0.045 a position for good, and the
         #: compounded optimism held long drafts where shorter ones paid more (in-run, paired,
         #: on a 2-core Xeon: one sequence ~50% +5.8%, four ~75% +2.7%, other cells 0.99..1.01)
-        self.explore_power = 1.0
+        self.explore_power = EXPLORE_POWER
         #: the longest wait between probes, reached after drafts that did not pay kept
         #: coming (a long probe on a compute-bound CPU costs ~2..3 plain steps; every 64
         #: steps that is ~3% of plain speed where drafting never pays). The shadow guesses

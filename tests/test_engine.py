@@ -582,8 +582,9 @@ def test_recently_idle_sequences_catch_up_every_step(model_path, eager: bool, ra
 
         priced: list[int] = []
 
-        def steady_ratios(accs, cap):
+        def steady_ratios(accs, cap, others=0):
             priced.append(len(accs))
+            assert others == n_seq - 1  # priced next to the step's other sequences
             return [ratio] * len(accs)
 
         eng.policy.choose = choose  # type: ignore[method-assign]
@@ -645,7 +646,7 @@ def test_idle_rows_ride_along_while_another_sequence_drafts(model_path) -> None:
             return {s: (min(2, c[0]) if steps[0] <= 2 or s == ids[0] else 0) for s, c in cands.items()}
 
         eng.policy.choose = choose  # type: ignore[method-assign]
-        eng.policy.steady_ratios = lambda accs, cap: [2.0] * len(accs)  # type: ignore[method-assign]
+        eng.policy.steady_ratios = lambda accs, cap, others=0: [2.0] * len(accs)  # type: ignore[method-assign]
         flushes = _record_flushes(eng)
         ids += [eng.add(p, max_tokens=n, ignore_eos=True) for p in prompts]
         queued, alone = [], []

@@ -471,6 +471,7 @@ def test_steady_ratio_prices_drafting_under_way(cpu: str) -> None:
     p.costs.first.calibrate([(1, 0.0110)])  # resuming after idle steps, with a backlog of catch-up rows
     a, b = Acceptance(6, prior=0.66, pseudo=1e12), Acceptance(6, prior=0.2, pseudo=1e12)
     got = p.steady_ratios([a, b], 6)
+    assert got == p.steady_ratios([a, b], 6, others=0)
     plain = p.costs.step_seconds([0])
     tab = a.expected_table(6)
     want = max(tab[k] / p.costs.step_seconds([k], steady=True) for k in range(1, 7)) * plain
@@ -486,6 +487,15 @@ def test_steady_ratio_prices_drafting_under_way(cpu: str) -> None:
         assert 1.05 < got[0] < 1.15
         # resuming with a backlog prices k = 1 .. 2 near plain: what kept auto idle there
         assert max(tab[k] / p.costs.step_seconds([k]) for k in (1, 2)) * plain < 1.03
+        # next to three sequences that draft nothing (their verify rows measured on this
+        # Xeon), one more row and an MTP decode weigh more against the shared step: the
+        # same text no longer pays -- the batch's tokens over its seconds, both ways
+        p.costs.verify.calibrate(4, [(4, 0.04115), (8, 0.05536), (12, 0.06746)])
+        four = p.steady_ratios([a], 6, others=3)[0]
+        idle = p.costs.step_seconds([0, 0, 0, 0])
+        assert four == pytest.approx(max((tab[k] + 3) / p.costs.step_seconds([k, 0, 0, 0], steady=True)
+                                         for k in range(1, 7)) * idle / 4)
+        assert four < 0.95 < 1.05 < p.steady_ratios([a], 6)[0]
 
 
 def test_rejection_table() -> None:

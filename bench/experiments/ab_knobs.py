@@ -50,6 +50,9 @@ if var == "noexplore":
     pol.explore = 0.0
 if var == "sqrt":  # the explore bonus shrinking as 1/sqrt(evidence), as before 2026-12-06
     pol.explore_power = 0.5
+if var == "alone":  # eager catch-up priced as if each sequence were alone in the batch (before 2026-12-06 noon)
+    _ratios = pol.steady_ratios
+    pol.steady_ratios = lambda accs, cap, others=0: _ratios(accs, cap)  # type: ignore[method-assign]
 if var == "noback":
     pol.probe_max = pol.probe_gap
 if var == "snap":

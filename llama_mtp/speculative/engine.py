@@ -74,13 +74,14 @@ CATCH_UP_QUEUE = 48
 SKIP_IDLE = 16
 SKIP_KEEP = 8
 #: A sequence that stopped drafting fewer than this many steps ago, and whose drafts would
-#: pay once under way (:meth:`DraftPolicy.steady_ratios` at least EAGER_RATIO), feeds the
-#: MTP context after every step (one decode for all such sequences, with the shadow guesses)
-#: instead of queueing: resuming then brings no backlog of catch-up rows to its first draft
-#: decode. That backlog (a dozen rows, ~5 ms on a 2-core CPU) priced resuming too dear on
-#: ~50% text: auto ran at 0.96x plain on a Xeon where k = 2 made 1.09x (1.00x with this).
-#: Longer idle sequences, ones that never drafted and ones whose text does not pay queue;
-#: so do all of them while another sequence drafts (its first draft decode carries the rows).
+#: pay once under way next to the step's other sequences (:meth:`DraftPolicy.steady_ratios`
+#: at least EAGER_RATIO), feeds the MTP context after every step (one decode for all such
+#: sequences, with the shadow guesses) instead of queueing: resuming then brings no backlog
+#: of catch-up rows to its first draft decode. That backlog (a dozen rows, ~5 ms on a 2-core
+#: CPU) priced resuming too dear on ~50% text: auto ran at 0.96x plain on a Xeon where k = 2
+#: made 1.09x (1.00x with this). Longer idle sequences, ones that never drafted and ones
+#: whose text does not pay queue; so do all of them while another sequence drafts (its first
+#: draft decode carries the rows).
 EAGER_IDLE = 16
 EAGER_RATIO = 0.95
 #: Without snapshots (checkpoint rollback), a sequence whose verify carries more replayed
@@ -1001,7 +1002,12 @@ class SpeculativeEngine:
         if not near:
             return []
         auto = [(q.seq, q.acc) for q in near if q.acc is not None]
-        ratios = self.policy.steady_ratios([acc for _, acc in auto], self.draft_max)
+        # priced in this batch: next to the other sequences of the step, a lone draft's verify
+        # rows and MTP decode weigh more than alone (four at ~50% on a 2-core Xeon: 0.91 of a
+        # plain step, where one alone earns 1.09 -- and 15 eager flushes after every probe,
+        # ~9 ms each, cost that cell 2 ms a step)
+        others = sum(1 for q in runnable if not q.state.finished) - 1
+        ratios = self.policy.steady_ratios([acc for _, acc in auto], self.draft_max, others)
         pays = {seq for (seq, _), r in zip(auto, ratios, strict=True) if r >= EAGER_RATIO}
         return [q for q in near if q.acc is None or q.seq in pays]
 

@@ -825,6 +825,24 @@ def test_modes_are_compared_less_often_where_neither_would_draft() -> None:
         assert 160 // every - 3 <= len(calls) <= 160 // every + 3
 
 
+def test_snapshots_that_stop_drafting_are_compared_every_few_steps() -> None:
+    """Snapshots that drafted (checkpoints far behind then) and now draft nothing: the
+    running advantage still remembers the drafting, but leaving counts idle comparisons,
+    so they come every switch_every steps from the first idle one -- not four times
+    less often until the running mean forgets (four sequences paid the snapshots' tax
+    for ~500 steps after text stopped paying)."""
+    p = switching(snapshots=True)
+    p.switch_dwell = 10**6  # stay with snapshots: only the comparisons are counted
+    run_modes(p, 0.95, 100)
+    assert p._adv < -0.05 and not p.replays  # checkpoints far behind while drafting
+    calls = []
+    compare = p._compare_modes
+    p._compare_modes = lambda c: (calls.append(1), compare(c))[1]  # type: ignore[method-assign]
+    run_modes(p, 0.0, 160)
+    assert p._snap_idle and not p.replays
+    assert len(calls) >= 160 // p.switch_every - 3
+
+
 def test_idle_snapshots_that_are_not_hopeless_are_probed() -> None:
     """Snapshots kept on thin evidence (the comparisons find them idle, the optimistic bound
     not hopeless) are paid every step: a sequence due a probe gets one, judged on that

@@ -14,7 +14,10 @@ both queue. (The eager-catch-up patch's none / priced variants of eager-catch-up
 are what landed: priced, plus no eager flush while another sequence drafts.) Against
 main as it is: noexplore (explore 0), sqrt (the explore bonus fading as 1 / sqrt(evidence),
 not 1 / evidence: main before 2026-12-06, whose A/B ran as "explore1", the variant then).
-Results: knobs-50-xeon-ab.txt, eager-catch-up-ab.txt, explore-ab.txt.
+Against main as it is (2026-12-06, second session): alone (eager catch-up priced as if each
+sequence were alone in the batch), stalefar (idle snapshots compared every 16 steps while the
+running advantage remembers drafting).
+Results: knobs-50-xeon-ab.txt, eager-catch-up-ab.txt, explore-ab.txt, idle-overhead-ab.txt.
 """
 import os
 import statistics
@@ -53,6 +56,8 @@ if var == "sqrt":  # the explore bonus shrinking as 1/sqrt(evidence), as before 
 if var == "alone":  # eager catch-up priced as if each sequence were alone in the batch (before 2026-12-06 noon)
     _ratios = pol.steady_ratios
     pol.steady_ratios = lambda accs, cap, others=0: _ratios(accs, cap)  # type: ignore[method-assign]
+if var == "stalefar":  # idle snapshots compared every 16 steps while the advantage is stale (before 2026-12-06)
+    pol._far = lambda: pol._adv < -0.05 or (pol.replays and pol._snap_idle)  # type: ignore[method-assign]
 if var == "noback":
     pol.probe_max = pol.probe_gap
 if var == "snap":

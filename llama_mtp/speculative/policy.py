@@ -683,11 +683,7 @@ class DraftPolicy:
         self._compare_in -= 1
         if self.alt is not None and self._compare_in <= 0:
             self._compare_modes(cands)
-            # far from a switch (the other mode 5% behind or worse, or checkpoints while
-            # snapshots would not draft either -- only an estimate that moves can change
-            # that, and the comparison is a search of its own): compare less often
-            far = self._adv < -0.05 or (self.replays and self._snap_idle)
-            self._compare_in = self.switch_every * (4 if far else 1)
+            self._compare_in = self.switch_every * (4 if self._far() else 1)
         if all(c.fixed is not None for c in cands.values()):
             # nothing to choose (fixed lengths, n-gram drafts): no search, no estimate
             self.estimated_tok_s, self._last, self._quiet = 0.0, {}, 0
@@ -871,6 +867,17 @@ class DraftPolicy:
         need = self.switch_margin + self.switch_s / self.SWITCH_HORIZON_S
         dwell = self.switch_dwell * (1 if snapshots_now else self._snap_backoff)
         self.switch_wanted = self._adv > math.log1p(need) and self._adv_n >= 2 and self._since_switch >= dwell
+
+    def _far(self) -> bool:
+        """Far from a switch, so compared four times less often (the comparison is a search
+        of its own): the other mode 5% behind or worse, or checkpoints while snapshots would
+        not draft either -- only an estimate that moves can change that. Not snapshots that
+        draft nothing: their way out counts comparisons (SWITCH_IDLE_N), and the advantage
+        is then a running mean still full of the drafting that went before (four sequences
+        on text that stopped paying paid the snapshots' tax for ~500 steps, not ~130)."""
+        if not self.replays and self._snap_idle:
+            return False
+        return self._adv < -0.05 or (self.replays and self._snap_idle)
 
     #: a switch of rollback mode pays for itself over this many seconds of the advantage
     SWITCH_HORIZON_S = 5.0

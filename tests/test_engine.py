@@ -556,6 +556,53 @@ def test_idle_sequences_skip_catch_up(model_path) -> None:
     assert_greedy_matches(got, reference(path, tuple(prompt), n))
 
 
+def test_a_probe_of_long_idle_sequences_carries_few_catch_up_rows(model_path) -> None:
+    """Sequences idle for SKIP_IDLE steps queue only their last SKIP_KEEP rows, so the first
+    draft decode of a probe -- which carries every queued row, of every sequence -- stays
+    small; their shadow guesses still come every CATCH_UP_QUEUE positions. Output is plain
+    greedy decoding."""
+    from llama_mtp.speculative.engine import CATCH_UP_QUEUE, SKIP_IDLE, SKIP_KEEP
+
+    path = str(model_path("random"))
+    model = _models(path)
+    prompts = [model.tokenize(p) for p in PROMPTS[:2]]
+    probe_at = SKIP_IDLE + 20  # idle long enough to skip, not yet flushed
+    n = probe_at + CATCH_UP_QUEUE + 16
+    with SpeculativeEngine(model, n_ctx=256, sampling=GREEDY, max_sequences=2) as eng:
+        assert eng.drafter is not None and eng.drafter.can_skip
+        steps = [0]
+
+        def choose(cands, steps=steps):  # the first sequence probes once; nothing else drafts
+            steps[0] += 1
+            return {s: (1 if steps[0] == probe_at and s == ids[0] else 0) for s in cands}
+
+        eng.policy.choose = choose  # type: ignore[method-assign]
+        rows: list[int] = []
+        real_decode = eng.drafter.ctx.decode
+
+        def decode(batch):
+            rows.append(batch.n_tokens)
+            return real_decode(batch)
+
+        eng.drafter.ctx.decode = decode  # type: ignore[method-assign]
+        flushes = _record_flushes(eng)
+        ids = [eng.add(p, max_tokens=n, ignore_eos=True) for p in prompts]
+        probe = []
+        while eng.active:
+            before = len(rows)
+            spans = [eng.drafter.span(i) for i in ids]
+            eng.step()
+            if steps[0] == probe_at:
+                probe = rows[before:]
+                assert max(spans) > CATCH_UP_QUEUE // 2  # far from its last decode ...
+        got = [eng.sequence(i).tokens for i in ids]
+    # ... yet the probe's first decode carried SKIP_KEEP rows a sequence and the start row
+    assert probe and probe[0] <= 2 * SKIP_KEEP + 1
+    assert len(flushes) >= 1  # the shadow guesses still came
+    for p, g in zip(prompts, got, strict=True):
+        assert_greedy_matches(g, reference(path, tuple(p), n))
+
+
 @pytest.mark.parametrize("eager,ratio", [(True, 1.0), (True, 0.5), (False, 1.0)])
 @pytest.mark.parametrize("n_seq", [1, 2])
 def test_recently_idle_sequences_catch_up_every_step(model_path, eager: bool, ratio: float, n_seq: int) -> None:
@@ -564,7 +611,7 @@ def test_recently_idle_sequences_catch_up_every_step(model_path, eager: bool, ra
     such sequences in one flush; one whose drafts would not pay, or that has idled for
     EAGER_IDLE steps (or with ``eager_idle = 0``), queues its rows. Output is plain
     greedy decoding."""
-    from llama_mtp.speculative.engine import CATCH_UP_QUEUE, EAGER_IDLE, EAGER_RATIO
+    from llama_mtp.speculative.engine import CATCH_UP_QUEUE, EAGER_IDLE, EAGER_RATIO, SKIP_IDLE, SKIP_KEEP
 
     path = str(model_path("planted"))
     model = _models(path)
@@ -609,8 +656,11 @@ def test_recently_idle_sequences_catch_up_every_step(model_path, eager: bool, ra
             assert idle[: EAGER_IDLE - 1] == [0] * (EAGER_IDLE - 1)
             assert idle[-1] == len(idle) - (EAGER_IDLE - 1) <= CATCH_UP_QUEUE
         else:
-            # queued, as before: the last draft's accepted rows, one more each idle step
-            assert idle[0] >= 1 and idle == list(range(idle[0], idle[0] + len(idle)))
+            # queued, as before: the last draft's accepted rows, one more each idle step --
+            # until SKIP_IDLE idle steps, when it keeps only its last SKIP_KEEP rows
+            assert idle[0] >= 1 and len(idle) > SKIP_IDLE
+            assert idle == [idle[0] + i if i + 1 < SKIP_IDLE else min(idle[0] + i, SKIP_KEEP)
+                            for i in range(len(idle))]
     for p, g in zip(prompts, got, strict=True):
         assert_greedy_matches(g, reference(path, tuple(p), n))
 

@@ -16,7 +16,8 @@ main as it is: noexplore (explore 0), sqrt (the explore bonus fading as 1 / sqrt
 not 1 / evidence: main before 2026-12-06, whose A/B ran as "explore1", the variant then).
 Against main as it is (2026-12-06, second session): alone (eager catch-up priced as if each
 sequence were alone in the batch), stalefar (idle snapshots compared every 16 steps while the
-running advantage remembers drafting).
+running advantage remembers drafting), fullq (long-idle sequences queue every row until a
+flush drops all but the last SKIP_KEEP).
 Results: knobs-50-xeon-ab.txt, eager-catch-up-ab.txt, explore-ab.txt, idle-overhead-ab.txt.
 """
 import os
@@ -29,6 +30,7 @@ import adaptive as A  # noqa: E402
 
 import llama_mtp as lm  # noqa: E402
 from llama_mtp.speculative import SpeculativeEngine  # noqa: E402
+from llama_mtp.speculative.engine import CATCH_UP_QUEUE  # noqa: E402
 
 name, n_par, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 ref = int(sys.argv[4]) if len(sys.argv) > 4 else 2
@@ -58,6 +60,10 @@ if var == "alone":  # eager catch-up priced as if each sequence were alone in th
     pol.steady_ratios = lambda accs, cap, others=0: _ratios(accs, cap)  # type: ignore[method-assign]
 if var == "stalefar":  # idle snapshots compared every 16 steps while the advantage is stale (before 2026-12-06)
     pol._far = lambda: pol._adv < -0.05 or (pol.replays and pol._snap_idle)  # type: ignore[method-assign]
+if var == "fullq":  # long-idle sequences queue every row until a flush drops them (before 2026-12-06 noon)
+    _d = engs["var"].drafter
+    _skip = _d.skip
+    _d.skip = lambda seq, keep: _skip(seq, keep) if _d.pending(seq) > CATCH_UP_QUEUE else 0  # type: ignore[method-assign]
 if var == "noback":
     pol.probe_max = pol.probe_gap
 if var == "snap":

@@ -68,9 +68,12 @@ SHADOW_ROWS = 3
 #: evidence of 2 every 33 for 0.13 instead of 0.18 ms a token.
 CATCH_UP_QUEUE = 48
 #: A sequence that has not drafted for this many steps stops feeding the MTP context
-#: every token: of each CATCH_UP_QUEUE rows queued, only the last SKIP_KEEP are decoded
-#: (those give the shadow evidence); the MTP memory keeps a gap where the rest were.
-#: Only on models whose positions may skip ahead (multi-section RoPE: Qwen3.5 and kin).
+#: every token: it queues only its last SKIP_KEEP rows, and of each CATCH_UP_QUEUE
+#: positions only those are decoded (they give the shadow evidence); the MTP memory keeps
+#: a gap where the rest were. A probe's first draft decode carries every queued row of
+#: every sequence: on four sequences ~0.3 ms a row on a 2-core CPU, so up to 40 rows
+#: each of idle ones made a probe cost ~45 ms more. Only on models whose positions may
+#: skip ahead (multi-section RoPE: Qwen3.5 and kin).
 SKIP_IDLE = 16
 SKIP_KEEP = 8
 #: A sequence that stopped drafting fewer than this many steps ago, and whose drafts would
@@ -977,11 +980,16 @@ class SpeculativeEngine:
                 self._finish(q)
         if self.drafter is not None:
             # sequences that stopped drafting still feed the MTP context: keep their queues short;
-            # long idle ones feed it only the rows before each shadow guess
-            long = [q for q in runnable if not q.state.finished and self.drafter.pending(q.seq) > CATCH_UP_QUEUE]
-            for q in long:
+            # long idle ones feed it only the rows before each shadow guess, and queue no more
+            # (a probe's first draft decode carries every queued row, of every sequence)
+            long = []
+            for q in runnable:
+                if q.state.finished:
+                    continue
                 if q.idle >= SKIP_IDLE:
                     self.drafter.skip(q.seq, SKIP_KEEP)
+                if self.drafter.span(q.seq) > CATCH_UP_QUEUE:
+                    long.append(q)
             long += self._eager(runnable, long)
             if long:
                 t0 = time.perf_counter()

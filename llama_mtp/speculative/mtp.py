@@ -64,6 +64,7 @@ class _Queue:
     next_pos: int = 0                        # first position neither in the MTP KV nor queued
     tokens: list[int] = field(default_factory=list)
     hidden: list[npt.NDArray[np.float32]] = field(default_factory=list)
+    dropped: int = 0                         # rows skip() dropped since rows were last decoded
 
     @property
     def start(self) -> int:
@@ -154,6 +155,11 @@ class MTPDrafter:
         """Catch-up rows queued for ``seq``."""
         return len(self._q(seq).tokens)
 
+    def span(self, seq: int) -> int:
+        """Positions of ``seq`` since its rows were last decoded: queued or dropped by :meth:`skip`."""
+        q = self._q(seq)
+        return len(q.tokens) + q.dropped
+
     def catch_up(self, seq: int, tokens: list[int], pos0: int, hidden: npt.NDArray[np.float32]) -> None:
         """Queue MTP entries ``(tokens[i], hidden[i])`` at ``pos0 + i``; ``hidden[i]`` is
         the target's row of the position before. Entries the MTP already holds are
@@ -179,6 +185,7 @@ class MTPDrafter:
         n = len(q.tokens) - max(0, keep)
         del q.tokens[:n]
         del q.hidden[:n]
+        q.dropped += n
         self.skipped += n
         return n
 
@@ -205,6 +212,7 @@ class MTPDrafter:
             q = self._queues[seq]
             del q.tokens[:n]
             del q.hidden[:n]
+            q.dropped = 0
 
     def flush(self, seqs: list[int] | None = None, shadow: int = 0) -> int:
         """Decode queued catch-up rows now; returns how many decodes that took.
@@ -284,6 +292,7 @@ class MTPDrafter:
                 for r in live:
                     q = self._q(r.seq)
                     q.next_pos = r.pos + 1  # the start row is a correct entry: keep it
+                    q.dropped = 0
             logits = self.ctx.logits_all()
             hidden = self.ctx.hidden_all()
             nxt: list[DraftRequest] = []

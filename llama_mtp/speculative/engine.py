@@ -1011,9 +1011,9 @@ class SpeculativeEngine:
             return []
         auto = [(q.seq, q.acc) for q in near if q.acc is not None]
         # priced in this batch: next to the other sequences of the step, a lone draft's verify
-        # rows and MTP decode weigh more than alone (four at ~50% on a 2-core Xeon: 0.91 of a
-        # plain step, where one alone earns 1.09 -- and 15 eager flushes after every probe,
-        # ~9 ms each, cost that cell 2 ms a step)
+        # rows and MTP decode weigh more than alone (four at ~50% on a 2-core Xeon: ~0.92 of
+        # a plain step, where one alone earns ~1.0..1.1 -- and 15 eager flushes after every
+        # probe, ~9 ms each, cost that cell 2 ms a step)
         others = sum(1 for q in runnable if not q.state.finished) - 1
         ratios = self.policy.steady_ratios([acc for _, acc in auto], self.draft_max, others)
         pays = {seq for (seq, _), r in zip(auto, ratios, strict=True) if r >= EAGER_RATIO}

@@ -873,8 +873,9 @@ class DraftPolicy:
         of its own): the other mode 5% behind or worse, or checkpoints while snapshots would
         not draft either -- only an estimate that moves can change that. Not snapshots that
         draft nothing: their way out counts comparisons (SWITCH_IDLE_N), and the advantage
-        is then a running mean still full of the drafting that went before (four sequences
-        on text that stopped paying paid the snapshots' tax for ~500 steps, not ~130)."""
+        is then a running mean still full of the drafting that went before: up to 32 x 16
+        steps of the snapshots' tax instead of 32 x 4 (four sequences on the shift model
+        kept them through two more prompts after a drafting spell, now through one)."""
         if not self.replays and self._snap_idle:
             return False
         return self._adv < -0.05 or (self.replays and self._snap_idle)
@@ -1089,9 +1090,9 @@ class DraftPolicy:
         draft nothing (their tokens counted on both sides), on the running cost estimates,
         with every first MTP decode priced as a pure draft decode (no catch-up backlog).
         Above 1, drafting pays once it is under way, whatever resuming it costs. The
-        batch matters: four sequences at ~50% on a 2-core CPU, one of them drafting a
-        token: 0.91 (its verify rows and MTP decode are dear next to a shared step of
-        four), where alone it earns 1.09 with k = 2."""
+        batch matters: on a 2-core Xeon's prices, at ~0.66 acceptance, 1.11 alone but
+        0.95 next to three idle sequences (its verify rows and MTP decodes are dear
+        against a shared step of four); at 0.5, 1.00 and 0.92."""
         c = self.costs
         cap = max(1, cap)
         rest = [0] * max(0, others)

@@ -17,7 +17,7 @@ not 1 / evidence: main before 2026-12-06, whose A/B ran as "explore1", the varia
 Against main as it is (2026-12-06, second session): alone (eager catch-up priced as if each
 sequence were alone in the batch), stalefar (idle snapshots compared every 16 steps while the
 running advantage remembers drafting), fullq (long-idle sequences queue every row until a
-flush drops all but the last SKIP_KEEP).
+flush drops all but the last SKIP_KEEP), halfexplore (explore bonus 0.15).
 Results: knobs-50-xeon-ab.txt, eager-catch-up-ab.txt, explore-ab.txt, idle-overhead-ab.txt.
 """
 import os
@@ -51,6 +51,8 @@ if var in ("trust", "sticky", "sumstrust", "noback"):
     pol.margin = 0.0
 if var == "sticky":
     pol.hysteresis = 0.1
+if var == "halfexplore":  # explore bonus 0.15 (main: 0.3)
+    pol.explore = 0.15
 if var == "noexplore":
     pol.explore = 0.0
 if var == "sqrt":  # the explore bonus shrinking as 1/sqrt(evidence), as before 2026-12-06

@@ -982,15 +982,14 @@ class SpeculativeEngine:
             # sequences that stopped drafting still feed the MTP context: keep their queues short;
             # long idle ones feed it only the rows before each shadow guess, and queue no more
             # (a probe's first draft decode carries every queued row, of every sequence)
+            live = [q for q in runnable if not q.state.finished]
             long = []
-            for q in runnable:
-                if q.state.finished:
-                    continue
+            for q in live:
                 if q.idle >= SKIP_IDLE:
                     self.drafter.skip(q.seq, SKIP_KEEP)
                 if self.drafter.span(q.seq) > CATCH_UP_QUEUE:
                     long.append(q)
-            long += self._eager(runnable, long)
+            long += self._eager(live, long)
             if long:
                 t0 = time.perf_counter()
                 self.drafter.flush([q.seq for q in long], shadow=SHADOW_ROWS)
@@ -998,15 +997,16 @@ class SpeculativeEngine:
                 self._shadow_evidence()
         return events
 
-    def _eager(self, runnable: list[_Seq], queued: list[_Seq]) -> list[_Seq]:
-        """The idle sequences that catch up now although their queue is short (EAGER_IDLE).
-        None while another sequence drafts: its next first draft decode carries their
-        rows anyway, for a few rows' cost instead of a decode of their own."""
+    def _eager(self, live: list[_Seq], queued: list[_Seq]) -> list[_Seq]:
+        """The idle sequences among ``live`` (the step's unfinished ones) that catch up now
+        although their queue is short (EAGER_IDLE). None while another sequence drafts: its
+        next first draft decode carries their rows anyway, for a few rows' cost instead of
+        a decode of their own."""
         assert self.drafter is not None
-        if any(q.idle == 0 and not q.state.finished for q in runnable):
+        if any(q.idle == 0 for q in live):
             return []
-        near = [q for q in runnable if 0 < q.idle < self.eager_idle and q.state.stats.num_drafts
-                and not q.state.finished and q not in queued and self.drafter.pending(q.seq) > 0]
+        near = [q for q in live if 0 < q.idle < self.eager_idle and q.state.stats.num_drafts
+                and q not in queued and self.drafter.pending(q.seq) > 0]
         if not near:
             return []
         auto = [(q.seq, q.acc) for q in near if q.acc is not None]
@@ -1014,8 +1014,7 @@ class SpeculativeEngine:
         # rows and MTP decode weigh more than alone (four at ~50% on a 2-core Xeon: ~0.92 of
         # a plain step, where one alone earns ~1.0..1.1 -- and 15 eager flushes after every
         # probe, ~9 ms each, cost that cell 2 ms a step)
-        others = sum(1 for q in runnable if not q.state.finished) - 1
-        ratios = self.policy.steady_ratios([acc for _, acc in auto], self.draft_max, others)
+        ratios = self.policy.steady_ratios([acc for _, acc in auto], self.draft_max, len(live) - 1)
         pays = {seq for (seq, _), r in zip(auto, ratios, strict=True) if r >= EAGER_RATIO}
         return [q for q in near if q.acc is None or q.seq in pays]
 

@@ -876,9 +876,7 @@ class DraftPolicy:
         is then a running mean still full of the drafting that went before: up to 32 x 16
         steps of the snapshots' tax instead of 32 x 4 (four sequences on the shift model
         kept them through two more prompts after a drafting spell, now through one)."""
-        if not self.replays and self._snap_idle:
-            return False
-        return self._adv < -0.05 or (self.replays and self._snap_idle)
+        return self.replays if self._snap_idle else self._adv < -0.05
 
     #: a switch of rollback mode pays for itself over this many seconds of the advantage
     SWITCH_HORIZON_S = 5.0

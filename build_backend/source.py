@@ -169,10 +169,16 @@ def ensure_source(config_settings: Mapping[str, Any] | None = None, log=print) -
 
 def _clean_env() -> dict[str, str]:
     """This process's environment without the variables of the PEP 517 hook we run in: pip
-    passes the build backend to its hook subprocess in ``_PYPROJECT_HOOKS_*`` (since pip
-    26.3 the backend path only when set), and a nested pip preparing the llama-cpp-python
-    sdist inherited ours -- it looked for scikit_build_core in this checkout, and failed."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("_PYPROJECT_HOOKS_")}
+    passes the build backend to its hook subprocess in environment variables
+    (``_PYPROJECT_HOOKS_*`` since pyproject-hooks 1.1, ``PEP517_BUILD_BACKEND`` and
+    ``PEP517_BACKEND_PATH`` before it -- pip 23.2, which ``python -m venv`` still installs
+    on Python 3.11), and a nested pip preparing the llama-cpp-python sdist inherited ours: it
+    looked for its backend in this checkout, and failed ("Backend was not loaded from
+    backend-path")."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(_HOOK_ENV_PREFIXES)}
+
+
+_HOOK_ENV_PREFIXES = ("_PYPROJECT_HOOKS_", "PEP517_BUILD_BACKEND", "PEP517_BACKEND_PATH")
 
 
 def fetch(pin: Pin, log=print) -> Path:

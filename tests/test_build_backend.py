@@ -95,6 +95,8 @@ def test_fetch_uses_cache_then_pip(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     # as inside pip's PEP 517 hook for this package: the nested pip must not inherit them
     monkeypatch.setenv("_PYPROJECT_HOOKS_BUILD_BACKEND", "build_backend")
     monkeypatch.setenv("_PYPROJECT_HOOKS_BACKEND_PATH_JSON", '["."]')
+    monkeypatch.setenv("PEP517_BUILD_BACKEND", "build_backend")  # pip < 24 (pyproject-hooks 1.0)
+    monkeypatch.setenv("PEP517_BACKEND_PATH", ".")
 
     def fake_run(cmd, capture_output, text, env):  # type: ignore[no-untyped-def]
         calls.append(cmd)
@@ -109,7 +111,7 @@ def test_fetch_uses_cache_then_pip(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert calls and calls[0][1:4] == ["-m", "pip", "download"]
     assert f"{pin.package}=={pin.version}" in calls[0]
     assert "--no-binary" in calls[0]
-    assert not [k for k in envs[0] if k.startswith("_PYPROJECT_HOOKS_")] and envs[0]["PATH"] == os.environ["PATH"]
+    assert not [k for k in envs[0] if k.startswith(("_PYPROJECT_HOOKS_", "PEP517_"))] and envs[0]["PATH"] == os.environ["PATH"]
     # a second fetch is served from the cache
     source.fetch(pin, log=lambda *_: None)
     assert len(calls) == 1

@@ -339,6 +339,41 @@ def test_exploration_fades_once_drafts_reach_the_positions() -> None:
     assert policy(explore_power=0.5).choose(cands)[0] == 3  # what the lasting bonus chose
 
 
+def test_exploration_fades_with_the_pools_evidence_too() -> None:
+    """A new sequence's estimates follow the engine's pool where its own evidence is thin,
+    so the explore bonus fades with the pool's tries of a position as well as its own: a
+    short request must not re-explore depths the other sequences drafted to all along
+    (four ~75% sequences of 48 tokens each sat at k = 4, 0.9x of k = 3, on the bonus of their
+    few own tries). A depth nobody has drafted to keeps its bonus."""
+    import random
+    rng = random.Random(3)
+    pool = Acceptance(6)
+    old = Acceptance(6, parent=pool)
+    for _ in range(200):
+        for acc in (pool, old):
+            acc.tick()
+        accepted = 0
+        while accepted < 4 and rng.random() < 0.75:
+            accepted += 1
+        for acc in (pool, old):
+            acc.observe(4, accepted)  # the pool holds every sequence's evidence: positions 0..3, never 4
+    new = Acceptance(6, parent=pool)
+    for i in range(6):  # a new request: a few drafts of its own, at the same rate
+        new.tick()
+        pool.tick()
+        for acc in (pool, new):
+            acc.observe(4, 4 if i % 4 else 1)
+    assert new.tries[1] < 8.0 < 20.0 < pool.tries[1]
+
+    def bonus(pooled: float) -> list[float]:
+        return [x - y for x, y in zip(new.alphas(6, explore=0.3, explore_pool=pooled), new.alphas(6), strict=True)]
+
+    own, pooled = bonus(0.0), bonus(1.0)
+    assert min(own[1:4]) > 0.03  # on its own few tries, every tested depth looked worth exploring
+    assert pooled[0] == 0.0 and all(pooled[i] < own[i] / 4 for i in (1, 2, 3))  # the pool tested them
+    assert pooled[4] == own[4] > 0.05  # depth 4: nobody drafted there, the bonus stays
+
+
 def test_probes_back_off_while_they_fail() -> None:
     p = compute_bound()
     a = Acceptance(6)

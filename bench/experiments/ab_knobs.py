@@ -17,7 +17,11 @@ not 1 / evidence: main before 2026-12-06, whose A/B ran as "explore1", the varia
 Against main as it is (2026-12-06, second session): alone (eager catch-up priced as if each
 sequence were alone in the batch), stalefar (idle snapshots compared every 16 steps while the
 running advantage remembers drafting), fullq (long-idle sequences queue every row until a
-flush drops all but the last SKIP_KEEP), halfexplore (explore bonus 0.15).
+flush drops all but the last SKIP_KEEP), halfexplore (explore bonus 0.15), power<x> (the
+explore bonus fading as 1 / evidence ** x); ownexplore: *main* fades the explore bonus with
+the sequence's own tries only (before 2026-12-06 evening), the variant as main is (the pool's
+tries count too). calib0: *main* calibrated at position 0 (as
+before 2026-12-06 evening), the variant as main is (CALIBRATION_WINDOW).
 Results: knobs-50-xeon-ab.txt, eager-catch-up-ab.txt, explore-ab.txt, idle-overhead-ab.txt.
 """
 import os
@@ -53,6 +57,10 @@ if var == "sticky":
     pol.hysteresis = 0.1
 if var == "halfexplore":  # explore bonus 0.15 (main: 0.3)
     pol.explore = 0.15
+if var.startswith("power"):  # the explore bonus fading as 1 / evidence ** power (main: 1)
+    pol.explore_power = float(var[5:])
+if var == "ownexplore":  # *main* fades the explore bonus with the sequence's own tries only (before 2026-12-06 eve)
+    engs["main"].policy.explore_pool = 0.0
 if var == "noexplore":
     pol.explore = 0.0
 if var == "sqrt":  # the explore bonus shrinking as 1/sqrt(evidence), as before 2026-12-06
@@ -66,6 +74,12 @@ if var == "fullq":  # long-idle sequences queue every row until a flush drops th
     _d = engs["var"].drafter
     _skip = _d.skip
     _d.skip = lambda seq, keep: _skip(seq, keep) if _d.pending(seq) > CATCH_UP_QUEUE else 0  # type: ignore[method-assign]
+if var == "calib0":  # main calibrated as before 2026-12-06 evening: every timed verify at position 0
+    from llama_mtp.speculative import engine as _em
+    _w, _em.CALIBRATION_WINDOW = _em.CALIBRATION_WINDOW, 0
+    engs["main"].close()
+    engs["main"] = A.engine(model, "auto", n_par, 2, 4096)
+    _em.CALIBRATION_WINDOW = _w
 if var == "noback":
     pol.probe_max = pol.probe_gap
 if var == "snap":

@@ -33,7 +33,7 @@ sequence's estimates shrink towards the engine's pool of every sequence's eviden
 (``Acceptance.parent``, less its own), so a new sequence starts from what the engine
 has seen lately, and an idle one hears of the others' shadow guesses too. A position
 past the deepest one with evidence of its own gets an optimistic bonus (``explore``,
-fading as 1 / evidence), or a sequence drafting one token at a time would never learn
+fading as 1 / evidence -- its own and the pool's), or a sequence drafting one token at a time would never learn
 that a second lands.
 
 Costs share one :class:`Drift` factor: the policy re-measures only the layouts it
@@ -66,6 +66,9 @@ __all__ = ["Acceptance", "Candidate", "CostModel", "DraftPolicy", "Drift", "Piec
 #: how the explore bonus of a draft position fades with its evidence: explore / (evidence +
 #: 1) ** EXPLORE_POWER (:attr:`DraftPolicy.explore_power`, the default of every estimate)
 EXPLORE_POWER = 1.0
+#: how much the engine's pooled evidence of a position (other sequences' drafts that reached
+#: it) counts towards the evidence the explore bonus fades with (:attr:`DraftPolicy.explore_pool`)
+EXPLORE_POOL = 1.0
 
 
 def _ewma(old: float, x: float, weight: float) -> float:
@@ -448,16 +451,19 @@ class Acceptance:
         return self.alphas(i + 1, optimistic=True)[i]
 
     def alphas(self, n: int, optimistic: bool = False, explore: float = 0.0,
-               without: Acceptance | None = None, explore_power: float = EXPLORE_POWER) -> list[float]:
+               without: Acceptance | None = None, explore_power: float = EXPLORE_POWER,
+               explore_pool: float = EXPLORE_POOL) -> list[float]:
         """``alpha(0 .. n-1)`` (or the optimistic estimates) in one pass over the evidence;
         ``explore``: a bonus for positions past the first, shrinking with their evidence;
         ``without``: leave that child's evidence out (a parent's estimate for the child
-        must not count the child's own evidence twice)."""
+        must not count the child's own evidence twice); ``explore_pool``: how much the
+        parent's evidence of a position counts towards what the bonus fades with."""
         hits, tries = self._evidence(without)
-        return self._estimates(n, hits, tries, optimistic, explore, explore_power)
+        return self._estimates(n, hits, tries, optimistic, explore, explore_power, explore_pool)
 
     def _estimates(self, n: int, hits: list[float], tries: list[float], optimistic: bool = False,
-                   explore: float = 0.0, explore_power: float = EXPLORE_POWER) -> list[float]:
+                   explore: float = 0.0, explore_power: float = EXPLORE_POWER,
+                   explore_pool: float = EXPLORE_POOL) -> list[float]:
         """:meth:`alphas` on this evidence (the parent's, less this sequence's, taken once)."""
         out: list[float] = []
         est = self.prior
@@ -481,7 +487,15 @@ class Acceptance:
                 # one position at a time: only past a position with evidence of its own
                 # (a sequence new to drafting must not open with a long, dear draft)
                 gate = min(1.0, tries[i - 1] / 4.0)
-                out.append(min(1.0, est + explore * gate / (tries[j] + 1.0) ** explore_power))
+                # the bonus is for positions nobody has tested: where the pool has (other
+                # sequences' drafts reached it), this sequence's estimate already follows
+                # the pool's shape there -- a short request must not re-explore what the
+                # engine knows (four ~75% sequences of 48 tokens each sat at k = 4, 0.9x of
+                # k = 3, on the bonus of their few own tries)
+                seen = tries[j]
+                if explore_pool > 0.0 and base_tries is not None:
+                    seen += explore_pool * base_tries[min(j, len(base_tries) - 1)]
+                out.append(min(1.0, est + explore * gate / (seen + 1.0) ** explore_power))
             else:
                 out.append(est)
         return out
@@ -553,10 +567,10 @@ class Acceptance:
         return out
 
     def expected_table(self, k_max: int, optimistic: bool = False, explore: float = 0.0,
-                       explore_power: float = EXPLORE_POWER) -> list[float]:
+                       explore_power: float = EXPLORE_POWER, explore_pool: float = EXPLORE_POOL) -> list[float]:
         """``expected_tokens(k)`` for k = 0 .. k_max, in one pass."""
         out, total, run = [1.0], 1.0, 1.0
-        for a in self.alphas(k_max, optimistic, explore, explore_power=explore_power):
+        for a in self.alphas(k_max, optimistic, explore, explore_power=explore_power, explore_pool=explore_pool):
             run *= a
             total += run
             out.append(total)
@@ -613,6 +627,9 @@ class DraftPolicy:
         #: compounded optimism held long drafts where shorter ones paid more (in-run, paired,
         #: on a 2-core Xeon: one sequence ~50% +5.8%, four ~75% +2.7%, other cells 0.99..1.01)
         self.explore_power = EXPLORE_POWER
+        #: ... where the evidence is the sequence's own tries of the position plus this
+        #: share of the engine pool's (other sequences'); 0.0: its own only (before 2026-12-06)
+        self.explore_pool = EXPLORE_POOL
         #: the longest wait between probes, reached after drafts that did not pay kept
         #: coming (a long probe on a compute-bound CPU costs ~2..3 plain steps; every 64
         #: steps that is ~3% of plain speed where drafting never pays). The shadow guesses
@@ -703,7 +720,8 @@ class DraftPolicy:
         caps = [cands[s][0] for s in seqs]
         fixed = [cands[s][2] for s in seqs]
         auto = [i for i, f in enumerate(fixed) if f is None]
-        tables = [cands[s][1].expected_table(c, explore=self.explore, explore_power=self.explore_power)
+        tables = [cands[s][1].expected_table(c, explore=self.explore, explore_power=self.explore_power,
+                                             explore_pool=self.explore_pool)
                   for s, c in zip(seqs, caps, strict=True)]
         self._prepare(cands, seqs, caps, fixed)
         self._apply = self.realism  # the main search prices drafts as they have turned out
@@ -813,7 +831,7 @@ class DraftPolicy:
         # the probes are for)
         snapshots_now = not self.replays
         tables = [cands[s].acc.expected_table(c, explore=self.explore if snapshots_now else 0.0,
-                                              explore_power=self.explore_power)
+                                              explore_power=self.explore_power, explore_pool=self.explore_pool)
                   for s, c in zip(seqs, caps, strict=True)]
         rates = {}
         for other in (False, True):

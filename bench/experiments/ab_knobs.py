@@ -20,8 +20,8 @@ running advantage remembers drafting), fullq (long-idle sequences queue every ro
 flush drops all but the last SKIP_KEEP), halfexplore (explore bonus 0.15), power<x> (the
 explore bonus fading as 1 / evidence ** x); ownexplore: *main* fades the explore bonus with
 the sequence's own tries only (before 2026-12-06 evening), the variant as main is (the pool's
-tries count too). calib0: *main* calibrated at position 0 (as
-before 2026-12-06 evening), the variant as main is (CALIBRATION_WINDOW).
+tries count too). calib0 (with calibrate-running.patch applied):
+*main* calibrated at position 0 (CALIBRATION_WINDOW = 0), the variant on running sequences.
 Results: knobs-50-xeon-ab.txt, eager-catch-up-ab.txt, explore-ab.txt, idle-overhead-ab.txt.
 """
 import os
@@ -74,7 +74,7 @@ if var == "fullq":  # long-idle sequences queue every row until a flush drops th
     _d = engs["var"].drafter
     _skip = _d.skip
     _d.skip = lambda seq, keep: _skip(seq, keep) if _d.pending(seq) > CATCH_UP_QUEUE else 0  # type: ignore[method-assign]
-if var == "calib0":  # main calibrated as before 2026-12-06 evening: every timed verify at position 0
+if var == "calib0":  # with calibrate-running.patch: main calibrated at position 0, as main is
     from llama_mtp.speculative import engine as _em
     _w, _em.CALIBRATION_WINDOW = _em.CALIBRATION_WINDOW, 0
     engs["main"].close()

@@ -167,6 +167,11 @@ def ensure_source(config_settings: Mapping[str, Any] | None = None, log=print) -
     return VENDOR_DIR
 
 
+#: the environment of a PEP 517 hook: ``_PYPROJECT_HOOKS_*`` (pyproject-hooks >= 1.1) and the
+#: two variables before it (pip < 24)
+_HOOK_ENV_PREFIXES = ("_PYPROJECT_HOOKS_", "PEP517_BUILD_BACKEND", "PEP517_BACKEND_PATH")
+
+
 def _clean_env() -> dict[str, str]:
     """This process's environment without the variables of the PEP 517 hook we run in: pip
     passes the build backend to its hook subprocess in environment variables
@@ -176,9 +181,6 @@ def _clean_env() -> dict[str, str]:
     looked for its backend in this checkout, and failed ("Backend was not loaded from
     backend-path")."""
     return {k: v for k, v in os.environ.items() if not k.startswith(_HOOK_ENV_PREFIXES)}
-
-
-_HOOK_ENV_PREFIXES = ("_PYPROJECT_HOOKS_", "PEP517_BUILD_BACKEND", "PEP517_BACKEND_PATH")
 
 
 def fetch(pin: Pin, log=print) -> Path:

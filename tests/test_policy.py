@@ -347,16 +347,13 @@ def test_exploration_fades_with_the_pools_evidence_too() -> None:
     few own tries). A depth nobody has drafted to keeps its bonus."""
     import random
     rng = random.Random(3)
-    pool = Acceptance(6)
-    old = Acceptance(6, parent=pool)
+    pool = Acceptance(6)  # every sequence's evidence: four-token drafts, positions 0..3 tested, never 4
     for _ in range(200):
-        for acc in (pool, old):
-            acc.tick()
+        pool.tick()
         accepted = 0
         while accepted < 4 and rng.random() < 0.75:
             accepted += 1
-        for acc in (pool, old):
-            acc.observe(4, accepted)  # the pool holds every sequence's evidence: positions 0..3, never 4
+        pool.observe(4, accepted)
     new = Acceptance(6, parent=pool)
     for i in range(6):  # a new request: a few drafts of its own, at the same rate
         new.tick()

@@ -33,8 +33,8 @@ sequence's estimates shrink towards the engine's pool of every sequence's eviden
 (``Acceptance.parent``, less its own), so a new sequence starts from what the engine
 has seen lately, and an idle one hears of the others' shadow guesses too. A position
 past the deepest one with evidence of its own gets an optimistic bonus (``explore``,
-fading as 1 / evidence -- its own and the pool's), or a sequence drafting one token at a time would never learn
-that a second lands.
+fading as 1 / evidence, its own and the pool's), or a sequence drafting one token at a
+time would never learn that a second lands.
 
 Costs share one :class:`Drift` factor: the policy re-measures only the layouts it
 chooses, and a small CPU's speed drifts 10..20% within minutes, so the layouts it does
@@ -474,12 +474,14 @@ class Acceptance:
         last = len(self.hits) - 1
         for i in range(n):
             j = min(i, last)
+            # the pool's tries of this position (besides this sequence's)
+            pooled = base_tries[min(j, len(base_tries) - 1)] if base_tries is not None else 0.0
             if i <= last:
                 toward, w = est, self.pseudo
                 if base is not None and base_tries is not None:  # the pool's level at position 0, its shape past it
                     toward = base[0] if i == 0 else min(1.0, est * base[i] / base[i - 1]) if base[i - 1] > 0 else est
                     # the pool weighs as much as it has seen (besides this sequence), up to parent_weight
-                    w += min(max(0.0, self.parent_weight - self.pseudo), base_tries[min(j, len(base_tries) - 1)])
+                    w += min(max(0.0, self.parent_weight - self.pseudo), pooled)
                 est = (hits[j] + w * toward) / (tries[j] + w)
             if optimistic:
                 out.append(min(1.0, est + self.bonus / math.sqrt(tries[j] + 1.0)))
@@ -492,9 +494,7 @@ class Acceptance:
                 # the pool's shape there -- a short request must not re-explore what the
                 # engine knows (four ~75% sequences of 48 tokens each sat at k = 4, 0.9x of
                 # k = 3, on the bonus of their few own tries)
-                seen = tries[j]
-                if explore_pool > 0.0 and base_tries is not None:
-                    seen += explore_pool * base_tries[min(j, len(base_tries) - 1)]
+                seen = tries[j] + explore_pool * pooled
                 out.append(min(1.0, est + explore * gate / (seen + 1.0) ** explore_power))
             else:
                 out.append(est)

@@ -176,14 +176,19 @@ def test_switching_rollback_modes_is_lossless(model_path, name: str, n_seq: int)
         real_prefill = eng._prefill
         eng._prefill = lambda seqs, sample_first: (replays.append(seqs), real_prefill(seqs, sample_first))[1]
         modes, t = Counter(), 0
+        targets = {id(eng.target): eng.target}
         while eng.active:
             t += 1
             if t % 3 == 0:
                 eng.policy.switch_wanted = True  # what the comparison of modes would ask
             eng.step()
             modes[eng.rollback, eng.target.n_rs_seq] += 1
+            targets[id(eng.target)] = eng.target
         got = [eng.sequence(i).tokens for i in ids]
         stats = eng.stats
+        # two contexts, swapped back and forth (the one left is kept, emptied, for the way back)
+        assert len(targets) == 2 and eng._spare is not None and eng._spare is not eng.target
+    assert all(c.closed for c in targets.values())  # the engine closed both
     for p, n, g in zip(prompts, lengths, got, strict=True):
         assert_greedy_matches(g, reference(path, tuple(p), n))
     assert set(modes) == {("snapshots", eng.draft_max), ("checkpoint", 0)}
@@ -217,13 +222,19 @@ def test_a_switch_that_fails_leaves_the_engine_as_it_was(model_path, monkeypatch
     path = str(model_path("noisy"))
     model = _models(path)
     prompts = [model.tokenize(t) for t in PROMPTS[:2]]
+    if fail == "context":  # room for the target, not for a second context (made at birth, to calibrate)
+        real_context = engine_mod.Context
+
+        def no_room(model, params=None):
+            if params is not None and params.n_rs_seq == 0:
+                raise LlamaError("failed to allocate the KV cache")
+            return real_context(model, params)
+        monkeypatch.setattr(engine_mod, "Context", no_room)
     with SpeculativeEngine(model, max_sequences=2, n_ctx=256, sampling=GREEDY) as eng:
         pin_both(eng)
         before = eng.target
         if fail == "context":
-            def no_room(*a, **k):
-                raise LlamaError("failed to allocate the KV cache")
-            monkeypatch.setattr(engine_mod, "Context", no_room)
+            assert eng._spare is None and eng.policy.alt is None  # switching is off from the start
         else:
             real = lm.Context.restore
 
@@ -234,7 +245,7 @@ def test_a_switch_that_fails_leaves_the_engine_as_it_was(model_path, monkeypatch
             monkeypatch.setattr(lm.Context, "restore", broken)
         ids = eng.add_many([dict(prompt=p, max_tokens=40) for p in prompts])
         eng.step()
-        eng.policy.switch_wanted = True
+        eng.policy.switch_wanted = fail == "copy"  # (with no second context the policy cannot ask)
         while eng.active:
             eng.step()
         assert eng.target is before and not before.closed and eng.rollback == "snapshots"

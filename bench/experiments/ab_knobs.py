@@ -22,6 +22,8 @@ explore bonus fading as 1 / evidence ** x); ownexplore: *main* fades the explore
 the sequence's own tries only (before 2026-12-06 evening), the variant as main is (the pool's
 tries count too). calib0 (with calibrate-running.patch applied):
 *main* calibrated at position 0 (CALIBRATION_WINDOW = 0), the variant on running sequences.
+spare: *main* builds a new target context at every switch of rollback mode (before 2026-12-06
+night), the variant keeps the one it left (as main is).
 Results: knobs-50-xeon-ab.txt, eager-catch-up-ab.txt, explore-ab.txt, idle-overhead-ab.txt.
 """
 import os
@@ -80,6 +82,12 @@ if var == "calib0":  # with calibrate-running.patch: main calibrated at position
     engs["main"].close()
     engs["main"] = A.engine(model, "auto", n_par, 2, 4096)
     _em.CALIBRATION_WINDOW = _w
+if var == "spare":  # *main* closes the context of the mode it leaves (a switch builds a new one), as before 2026-12-06 night
+    _m = engs["main"]
+    if _m._spare is not None:
+        _m._spare.close()
+        _m._spare = None
+    _m._stash = lambda ctx: ctx.close()  # type: ignore[method-assign]
 if var == "noback":
     pol.probe_max = pol.probe_gap
 if var == "snap":
@@ -104,4 +112,6 @@ for r in range(rounds):
     print(r, {k: round(statistics.median(v), 3) for k, v in pairs.items()}, flush=True)
 print(name, f"x{n_par}", {k: round(statistics.median(v), 4) for k, v in pairs.items()},
       "var/main paired", round(statistics.median(a / b for a, b in zip(pairs["var"], pairs["main"])), 4))
+print("switches main", engs["main"].stats.rollback_switches, f"{engs['main'].stats.switch_s:.3f} s",
+      "var", engs["var"].stats.rollback_switches, f"{engs['var'].stats.switch_s:.3f} s")
 print("hist main", dict(sorted(hist["main"].items())), "var", dict(sorted(hist["var"].items())))

@@ -63,7 +63,6 @@ steps: list[tuple[float, int]] = []
 
 
 def step():  # type: ignore[no-untyped-def]
-    before = sum(len(auto.sequence(s).tokens) for s in auto.active)
     n0 = len(views)
     t0 = time.perf_counter()
     ev = real_step()

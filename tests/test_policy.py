@@ -596,21 +596,27 @@ def test_a_tie_does_not_draft() -> None:
 
 def test_idle_steps_search_again_every_few_steps() -> None:
     """After a search that drafts nothing, the next ``quiet_steps`` steps of the same
-    sequences reuse it (the estimates move by a half-life of dozens of steps); the one
-    after searches again, and so does any step with a due probe, a replay, a new
-    sequence or fresh shadow evidence (``wake``)."""
+    sequences reuse it (the estimates move by a half-life of dozens of steps), twice as
+    many (+1) after each such search in a row, up to ``quiet_max``; the one after
+    searches again, and so does any step with a due probe, a replay, a new sequence or
+    shadow evidence that drafting may pay (``wake``)."""
     p = compute_bound()
     calls = []
     search = p._search
     p._search = lambda *a, **k: (calls.append(1), search(*a, **k))[1]  # type: ignore[method-assign]
     a = Acceptance(6, prior=0.05, pseudo=1e12)
     every = p.quiet_steps + 1
-    for step in range(2 * every + 1):
+    assert p.quiet_max == 4 * every - 1
+    searched = []
+    for step in range(10 * every):
+        n = len(calls)
         assert p.choose({0: (6, a, None, step % 8)}) == {0: 0}  # never due a probe (the first waits 8)
-    assert len(calls) == 3  # steps 0, every and 2 * every
+        if len(calls) > n:
+            searched.append(step)
+    assert searched == [0, every, 3 * every, 7 * every]  # 7, 15, 31, 31 quiet steps between
     p.choose({0: (6, a, None, 0)})  # quiet ...
     n = len(calls)
-    p.wake()  # ... until evidence comes in without a draft (shadow guesses): a search
+    p.wake()  # ... until evidence comes in without a draft (a confirmed shadow guess): a search
     p.choose({0: (6, a, None, 0)})
     assert len(calls) == n + 1
     a.prior = 1.0  # the text turns predictable: seen within quiet_steps + 1 steps
@@ -619,6 +625,26 @@ def test_idle_steps_search_again_every_few_steps() -> None:
     p.choose({0: (6, Acceptance(6, prior=0.05, pseudo=1e12), None, 0)})  # another sequence: a search
     n = len(calls)
     assert p.choose({0: Candidate(6, a, None, 0, backlog=1)})[0] > 0 and len(calls) > n
+
+
+def test_a_wrong_shadow_guess_cannot_make_an_idle_search_draft() -> None:
+    """Why only confirmed shadow guesses wake a quiet policy: a miss lowers a sequence's
+    estimates (and its pool's), and lower estimates never turn a search that drafts
+    nothing into one that drafts -- checked over a grid of evidence, alone and pooled."""
+    for costs in (compute_bound, memory_bound):
+        for prior in (0.05, 0.3, 0.5, 0.7):
+            for hits, tries in ((0, 0), (1, 2), (3, 4), (5, 10), (20, 30), (40, 50)):
+                for n in (1, 4):
+                    pool = Acceptance(6, prior=prior)
+                    accs = [Acceptance(6, prior=prior, parent=pool) for _ in range(n)]
+                    for a in (*accs, pool):
+                        a.hits[0], a.tries[0] = float(hits), float(tries)
+                    cands = {s: (6, a, None, 0) for s, a in enumerate(accs)}
+                    if any(costs().choose(cands).values()):
+                        continue  # drafts already
+                    for a in (accs[0], pool):
+                        a.observe(1, 0, shadow=True)
+                    assert not any(costs().choose(cands).values()), (costs.__name__, prior, hits, tries, n)
 
 
 def test_a_step_barred_from_drafting_is_not_a_quiet_search() -> None:

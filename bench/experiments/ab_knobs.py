@@ -22,6 +22,8 @@ explore bonus fading as 1 / evidence ** x); ownexplore: *main* fades the explore
 the sequence's own tries only (before 2026-12-06 evening), the variant as main is (the pool's
 tries count too). calib0 (with calibrate-running.patch applied):
 *main* calibrated at position 0 (CALIBRATION_WINDOW = 0), the variant on running sequences.
+quietback: *main* reuses a quiet search for 7 steps (not 7, 15, 31), wakes on every shadow
+guess and prices eager catch-up every step (before 2026-12-06 night), the variant as main is.
 spare: *main* builds a new target context at every switch of rollback mode (before 2026-12-06
 night), the variant keeps the one it left (as main is).
 Results: knobs-50-xeon-ab.txt, eager-catch-up-ab.txt, explore-ab.txt, idle-overhead-ab.txt.
@@ -88,6 +90,24 @@ if var == "spare":  # *main* closes the context of the mode it leaves (a switch 
         _m._spare.close()
         _m._spare = None
     _m._stash = lambda ctx: ctx.close()  # type: ignore[method-assign]
+if var == "quietback":  # *main* as before 2026-12-06 night: a quiet search reused for 7 steps, not 7/15/31;
+    # every shadow guess wakes the policy (not only a confirmed one); eager catch-up priced every step
+    _m = engs["main"]
+    _m.policy.quiet_max = _m.policy.quiet_steps
+    _shadow = _m._shadow_evidence
+
+    def _wake_all() -> None:
+        _shadow()
+        if _m.drafter is not None and _m.drafter.shadow_predictions:
+            _m.policy.wake()
+    _m._shadow_evidence = _wake_all  # type: ignore[method-assign]
+    _eager = _m._eager
+
+    def _eager_every_step(live, queued):  # type: ignore[no-untyped-def]
+        for q in live:
+            q.eager_at = -(1 << 30)
+        return _eager(live, queued)
+    _m._eager = _eager_every_step  # type: ignore[method-assign]
 if var == "noback":
     pol.probe_max = pol.probe_gap
 if var == "snap":
@@ -114,4 +134,9 @@ print(name, f"x{n_par}", {k: round(statistics.median(v), 4) for k, v in pairs.it
       "var/main paired", round(statistics.median(a / b for a, b in zip(pairs["var"], pairs["main"])), 4))
 print("switches main", engs["main"].stats.rollback_switches, f"{engs['main'].stats.switch_s:.3f} s",
       "var", engs["var"].stats.rollback_switches, f"{engs['var'].stats.switch_s:.3f} s")
+for _k in ("plain", "main", "var"):
+    _st = engs[_k].stats
+    _per = 1e3 / max(1, _st.spec.predicted_n)
+    print(f"  {_k}: ms/token verify {_st.verify_s * _per:.3f} draft {_st.draft_s * _per:.3f} catch-up "
+          f"{_st.catch_up_s * _per:.3f} restore {_st.restore_s * _per:.3f} python {_st.python_s * _per:.3f}")
 print("hist main", dict(sorted(hist["main"].items())), "var", dict(sorted(hist["var"].items())))

@@ -80,11 +80,38 @@ every: list[tuple[tuple[int, ...], float, int]] = []
 
 
 auto.step = step  # type: ignore[method-assign]
+
+#: every engine's steps by phase: (live sequences, "tail" where one has <= K_MAX + 1 tokens
+#: left, else "body") -> [steps, seconds, tokens]
+phases: dict[str, dict[tuple[int, str], list[float]]] = {k: collections.defaultdict(lambda: [0, 0.0, 0])
+                                                          for k in engs}
+
+
+def phased(key, eng):  # type: ignore[no-untyped-def]
+    inner = eng.step
+
+    def run():  # type: ignore[no-untyped-def]
+        live = [q for q in eng._seqs.values() if not q.state.finished]
+        tail = min((q.max_tokens - len(q.state.tokens) for q in live), default=0) <= k_max + 1
+        t0 = time.perf_counter()
+        ev = inner()
+        g = phases[key][len(live), "tail" if tail else "body"]
+        g[0] += 1
+        g[1] += time.perf_counter() - t0
+        g[2] += sum(len(e.tokens) for e in ev)
+        return ev
+    eng.step = run  # type: ignore[method-assign]
+
+
+for key, eng in engs.items():
+    phased(key, eng)
 n = 96 if n_par == 1 else 48
 for e in engs.values():
     A.measure(e, model, prompts[:1], 16, n_par)
 views.clear()
 every.clear()
+for ph in phases.values():
+    ph.clear()
 for e in engs.values():
     e.stats = type(e.stats)()
 wall = dict.fromkeys(engs, 0.0)
@@ -138,6 +165,11 @@ for k, e in engs.items():
     print(f"  {k:5s} wall {wall[k] * per:6.1f} prefill {st.prefill_s * per:5.1f} verify {st.verify_s * per:6.1f}"
           f" draft {st.draft_s * per:5.1f} catch-up {st.catch_up_s * per:4.1f} restore {st.restore_s * per:4.1f}"
           f" switch {st.switch_s * per:4.1f} python {st.python_s * per:4.1f} steps {st.steps}")
+print("steps by phase (live sequences, body/tail): tokens/s (share of the engine's step time)")
+for key, ph in phases.items():
+    tot = sum(g[1] for g in ph.values())
+    print(f"  {key:5s}", "  ".join(f"{n}{t[0]} {g[2] / g[1]:.0f} ({g[1] / tot:.0%})" for (n, t), g in
+                                   sorted(ph.items(), key=lambda kv: (-kv[0][0], kv[0][1]))))
 groups = collections.defaultdict(lambda: [0, 0.0, 0])
 for ks, dt, got in every:
     kind = ("idle" if not any(ks) else "level" if len(set(ks)) == 1 else

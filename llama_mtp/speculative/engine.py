@@ -87,6 +87,8 @@ SKIP_KEEP = 8
 #: draft decode carries the rows).
 EAGER_IDLE = 16
 EAGER_RATIO = 0.95
+#: ... that ratio re-priced every this many steps per sequence
+EAGER_REFRESH = 4
 #: Without snapshots (checkpoint rollback), a sequence whose verify carries more replayed
 #: tokens than this drafts nothing in it: a rejection restores the state from before the
 #: replay, which then grows (the policy prices replaying it again; this bounds it).
@@ -166,6 +168,8 @@ class _Seq:
     rebuild: bool = False
     acc: Acceptance | None = None          # running MTP acceptance (adaptive draft length)
     idle: int = 0                          # steps since this sequence last drafted
+    eager_ratio: float = 0.0               # its steady drafting ratio (_eager), as of step eager_at
+    eager_at: int = -(1 << 30)
 
     @property
     def seq(self) -> int:
@@ -254,6 +258,7 @@ class SpeculativeEngine:
         self.eager_idle = EAGER_IDLE
         self._acc_pool = Acceptance(max(1, draft_max))  # every sequence's MTP verifies: new sequences' prior
         self._last_fails = 0  # the probe backoff of the sequence that finished last
+        self._clock = 0  # steps run (the engine's own count: stats may be replaced)
         self.max_sequences = max_sequences
         base = params or ContextParams()
         switchable = False
@@ -823,6 +828,7 @@ class SpeculativeEngine:
         self.policy.switched(dt)
 
     def _step(self, seqs: list[_Seq]) -> list[StepEvent]:
+        self._clock += 1
         # in sequence-id order: llama.cpp puts only runs of consecutive ids into one micro-batch
         seqs = sorted(seqs, key=lambda q: q.seq)
         if not self._calibrated and any(q.spec.draft_max == "auto" for q in seqs):
@@ -1039,14 +1045,19 @@ class SpeculativeEngine:
                 and q not in queued and self.drafter.pending(q.seq) > 0]
         if not near:
             return []
-        auto = [(q.seq, q.acc) for q in near if q.acc is not None]
         # priced in this batch: next to the other sequences of the step, a lone draft's verify
         # rows and MTP decode weigh more than alone (four at ~50% on a 2-core Xeon: ~0.92 of
         # a plain step, where one alone earns ~1.0..1.1 -- and 15 eager flushes after every
-        # probe, ~9 ms each, cost that cell 2 ms a step)
-        ratios = self.policy.steady_ratios([acc for _, acc in auto], self.draft_max, len(live) - 1)
-        pays = {seq for (seq, _), r in zip(auto, ratios, strict=True) if r >= EAGER_RATIO}
-        return [q for q in near if q.acc is None or q.seq in pays]
+        # probe, ~9 ms each, cost that cell 2 ms a step). Refreshed every EAGER_REFRESH steps:
+        # the estimates move by a half-life of dozens of steps, and the pricing was ~0.1% of
+        # a four-sequence step, every step for 15 after each probe
+        stale = [q for q in near if q.acc is not None and self._clock - q.eager_at >= EAGER_REFRESH]
+        if stale:
+            ratios = self.policy.steady_ratios([q.acc for q in stale if q.acc is not None], self.draft_max,
+                                               len(live) - 1)
+            for q, r in zip(stale, ratios, strict=True):
+                q.eager_ratio, q.eager_at = r, self._clock
+        return [q for q in near if q.acc is None or q.eager_ratio >= EAGER_RATIO]
 
     def _shadow_evidence(self) -> None:
         """What the MTP head guessed on the catch-up rows of sequences that were not
@@ -1061,7 +1072,8 @@ class SpeculativeEngine:
             hit = int(guess == q.history[pos + 1])
             q.acc.observe(1, hit, shadow=True)
             self._acc_pool.observe(1, hit, shadow=True)
-            self.policy.wake()
+            if hit:
+                self.policy.wake()
 
     def _mode(self, q: _Seq) -> str:
         v = q.spec.verify

@@ -471,7 +471,7 @@ def test_auto_adapts_to_the_model(model_path) -> None:
 
     with SpeculativeEngine(_models(str(model_path("random"))), n_ctx=256, sampling=GREEDY) as eng:
         assert eng.draft_max == AUTO_DRAFT_CAP and eng.target.n_rs_seq == AUTO_DRAFT_CAP
-        pin_costs(eng)
+        pin_both(eng)  # both rollback modes: the one it switches to must not be priced by real timings
         hists = []
         for _ in range(2):
             i = eng.add(PROMPTS[0], max_tokens=120, ignore_eos=True)
@@ -482,7 +482,7 @@ def test_auto_adapts_to_the_model(model_path) -> None:
         assert first.get(0, 0) >= 0.8 * sum(first.values()), first
         assert sum(v for k, v in second.items() if k > 0) <= 4, second  # a few probes, no relearning
     with SpeculativeEngine(_models(str(model_path("planted"))), n_ctx=256, sampling=GREEDY) as eng:
-        pin_costs(eng)
+        pin_both(eng)
         i = eng.add(PROMPTS[0], max_tokens=80, ignore_eos=True)
         while eng.active:
             eng.step()

@@ -614,6 +614,12 @@ def test_idle_steps_search_again_every_few_steps() -> None:
         if len(calls) > n:
             searched.append(step)
     assert searched == [0, every, 3 * every, 7 * every]  # 7, 15, 31, 31 quiet steps between
+    b = Acceptance(6, prior=0.05, pseudo=1e12)
+    p.choose({0: (6, b, None, 0)})  # another sequence: a search, and the backoff starts over
+    assert p._quiet == p.quiet_steps
+    p._quiet = 0
+    p.choose({0: (6, b, None, 0)})
+    assert p._quiet == 2 * every - 1
     p.choose({0: (6, a, None, 0)})  # quiet ...
     n = len(calls)
     p.wake()  # ... until evidence comes in without a draft (a confirmed shadow guess): a search

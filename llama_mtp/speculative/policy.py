@@ -720,6 +720,9 @@ class DraftPolicy:
             self._quiet -= 1
             self._kind = False  # the estimate of the search it reuses still holds
             return {s: 0 for s in cands}
+        if self._quiet_run and (cands.keys() != self._quiet_accs.keys()
+                                or any(c.acc is not self._quiet_accs[s] for s, c in cands.items())):
+            self._quiet_run = 0  # other sequences than the quiet spell's: the backoff starts over
         seqs = list(cands)
         caps = [cands[s][0] for s in seqs]
         fixed = [cands[s][2] for s in seqs]

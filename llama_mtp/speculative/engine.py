@@ -342,8 +342,7 @@ class SpeculativeEngine:
         exist at once while the engine calibrates and during every switch anyway.
         ``rollback="snapshots"`` (or ``"checkpoint"``) keeps only one."""
         try:
-            for q in range(self.max_sequences):
-                ctx.memory.seq_rm(q, -1, -1)
+            ctx.memory.clear(data=False)  # every slot empty (a switch back restores each state whole)
         except Exception:
             ctx.close()
             return
@@ -1051,11 +1050,10 @@ class SpeculativeEngine:
         # probe, ~9 ms each, cost that cell 2 ms a step). Refreshed every EAGER_REFRESH steps:
         # the estimates move by a half-life of dozens of steps, and the pricing was ~0.1% of
         # a four-sequence step, every step for 15 after each probe
-        stale = [q for q in near if q.acc is not None and self._clock - q.eager_at >= EAGER_REFRESH]
+        stale = [(q, q.acc) for q in near if q.acc is not None and self._clock - q.eager_at >= EAGER_REFRESH]
         if stale:
-            ratios = self.policy.steady_ratios([q.acc for q in stale if q.acc is not None], self.draft_max,
-                                               len(live) - 1)
-            for q, r in zip(stale, ratios, strict=True):
+            ratios = self.policy.steady_ratios([acc for _, acc in stale], self.draft_max, len(live) - 1)
+            for (q, _), r in zip(stale, ratios, strict=True):
                 q.eager_ratio, q.eager_at = r, self._clock
         return [q for q in near if q.acc is None or q.eager_ratio >= EAGER_RATIO]
 

@@ -709,9 +709,9 @@ class DraftPolicy:
             # nothing to choose (fixed lengths, n-gram drafts): no search, no estimate
             self.estimated_tok_s, self._last, self._quiet = 0.0, {}, 0
             return {s: max(0, min(c.fixed or 0, c.cap)) for s, c in cands.items()}
-        if self._quiet > 0 and cands.keys() == self._quiet_accs.keys() and all(
-                c.fixed is None and c.backlog == 0 and c.acc is self._quiet_accs[s]
-                and (s in self._quiet_due or not self._due(c.acc, c.idle))
+        same = cands.keys() == self._quiet_accs.keys() and all(c.acc is self._quiet_accs[s] for s, c in cands.items())
+        if self._quiet > 0 and same and all(
+                c.fixed is None and c.backlog == 0 and (s in self._quiet_due or not self._due(c.acc, c.idle))
                 for s, c in cands.items()):
             # nobody drafted last step, nobody is due a probe (or those due were found not
             # worth one on the optimistic estimates: at ~0% they stay due, and searching twice
@@ -720,8 +720,7 @@ class DraftPolicy:
             self._quiet -= 1
             self._kind = False  # the estimate of the search it reuses still holds
             return {s: 0 for s in cands}
-        if self._quiet_run and (cands.keys() != self._quiet_accs.keys()
-                                or any(c.acc is not self._quiet_accs[s] for s, c in cands.items())):
+        if not same:
             self._quiet_run = 0  # other sequences than the quiet spell's: the backoff starts over
         seqs = list(cands)
         caps = [cands[s][0] for s in seqs]

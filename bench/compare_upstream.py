@@ -44,6 +44,7 @@ import upstream  # noqa: E402
 
 import llama_mtp as lm  # noqa: E402
 from llama_mtp.speculative import SpeculativeEngine  # noqa: E402
+from llama_mtp.speculative.engine import DRAFT_VOCAB_AUTO  # noqa: E402
 
 RESULTS = HERE / "results"
 GREEDY = lm.SamplingParams(temperature=0.0)
@@ -237,6 +238,7 @@ class Ours:
         self.threads = threads
         self.n_ctx = n_ctx
         self.engines: dict[tuple[int, int, bool], SpeculativeEngine] = {}
+        self.draft_vocab: int | str | None = "auto"
 
     def engine(self, n_par: int, k: int | str) -> SpeculativeEngine:
         key = (n_par, k)
@@ -244,7 +246,7 @@ class Ours:
             mtp = k == "auto" or int(k) > 0
             self.engines[key] = SpeculativeEngine(
                 self.model, max_sequences=n_par, n_ctx=self.n_ctx, draft_max=k if mtp else 0,  # type: ignore[arg-type]
-                mtp=mtp, sampling=GREEDY,
+                mtp=mtp, sampling=GREEDY, draft_vocab=self.draft_vocab,
                 params=lm.ContextParams(n_threads=self.threads))
         return self.engines[key]
 
@@ -338,6 +340,8 @@ def main() -> None:
                     help="layers to offload, both sides (-ngl); default: llama.cpp's (all, on a GPU build)")
     ap.add_argument("--upstream-bin", default=None,
                     help=f"prebuilt llama.cpp drivers (a directory; also ${upstream.ENV_BIN}) instead of building them")
+    ap.add_argument("--draft-vocab", default="auto",
+                    help="our engines' draft_vocab: auto (a reduced vocabulary on a CPU), all, or N")
     ap.add_argument("--tag", default="", help="suffix of the result files (compare_upstream-TAG.*), e.g. cuda")
     add_common_args(ap, tokens=128)
     args = ap.parse_args()
@@ -361,7 +365,7 @@ def main() -> None:
                               "settings": {"tokens": args.tokens, "repeat": args.repeat, "threads": args.threads,
                                            "n_ctx": args.n_ctx, "draft_lengths": ks, "parallel_k": args.parallel_k, "size": args.size,
                                            "n_params": models.n_params(models.base_spec(args.size)),
-                                           "gpu_layers": args.gpu_layers,
+                                           "gpu_layers": args.gpu_layers, "draft_vocab": args.draft_vocab,
                                            "upstream": str(args.upstream_bin or "") or upstream.cmake_flags()},
                               "plain": {}, "mtp": {}, "parallel": {}}
     prompt = models.PROMPT
@@ -372,6 +376,7 @@ def main() -> None:
         print(f"\n== acceptance ~{tag}% ({path.name}, mtp_noise {spec.mtp_noise}, predicted {predicted:.3f})", flush=True)
         model = lm.Model(path, n_gpu_layers=args.gpu_layers)
         ours = Ours(model, args.threads, args.n_ctx)
+        ours.draft_vocab = {"auto": "auto", "all": None}.get(args.draft_vocab) or int(args.draft_vocab)
         cells: dict[str, Cell] = {"plain": Cell(), **{f"k{k}": Cell() for k in ks}}
         try:
             ours.run(prompt, 16, 0)
@@ -469,7 +474,8 @@ def markdown(r: dict[str, Any]) -> str:
              f"llama.cpp `{r['llama_cpp_commit'][:7]}` built with the same flags on both sides; "
              f"{model_line(r['settings'])}{r['settings']['tokens']} tokens, greedy, median of "
              f"{r['settings']['repeat']} interleaved runs (tok/s: medians; ratios: the median of the per-run "
-             f"ratios, both sides of a run seconds apart).", "",
+             f"ratios, both sides of a run seconds apart). Our drafts: "
+             f"{draft_vocab_line(r['settings'].get('draft_vocab', 'all'))}.", "",
              "| acceptance | plain: ours / llama-completion | " + " | ".join(
                  f"k={k}" for k in r["settings"]["draft_lengths"]) + " |",
              "|---|---|" + "---|" * len(r["settings"]["draft_lengths"])]
@@ -514,6 +520,15 @@ def markdown(r: dict[str, Any]) -> str:
                          f"({s['verify_s'] / step:.0%}), catch-up {s['catch_up_s']:.3f}, restore {s['restore_s']:.3f}, "
                          f"Python {s['python_s']:.3f} ({s['python_s'] / step:.1%})")
     return "\n".join(lines) + "\n"
+
+
+def draft_vocab_line(dv: str | None) -> str:
+    if dv in (None, "all"):
+        return "the whole vocabulary, as upstream's"
+    if dv == "auto":
+        dv = str(DRAFT_VOCAB_AUTO)
+    return (f"the first {dv} token ids plus the tokens the text brings (`draft_vocab`; the benchmark "
+            f"models' MTP noise lies on the first {models.MTP_NOISE_VOCAB} rows, so acceptance is upstream's)")
 
 
 def model_line(settings: dict[str, Any]) -> str:

@@ -19,6 +19,7 @@ logging.getLogger("llama_mtp").addHandler(logging.NullHandler())
 
 from .batch import Batch
 from .context import Checkpoint, Context, Memory
+from .draft_head import DraftHead
 from .generate import LLM, GenerationResult
 from .errors import (
     AbortedError,
@@ -49,6 +50,7 @@ __all__ = [
     "ContextLengthError",
     "ContextParams",
     "DecodeError",
+    "DraftHead",
     "GenerationResult",
     "InUseError",
     "InvalidBatchError",

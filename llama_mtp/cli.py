@@ -125,12 +125,15 @@ _VERIFY = click.Choice(["auto", "greedy", "match", "rejection"])
 @click.option("-c", "--n-ctx", type=click.IntRange(min=16), default=4096, show_default=True, help="context per sequence")
 @click.option("-t", "--threads", type=click.IntRange(1, 1024), default=None, help="CPU threads (default: all cores)")
 @click.option("-ngl", "--n-gpu-layers", type=click.IntRange(min=-1), default=None, help="layers on the GPU (-1: all)")
+@click.option("--draft-vocab", default="auto", show_default=True,
+              help="tokens a draft may propose: auto (a reduced vocabulary on a CPU), all, or N (the first N ids "
+                   "plus the tokens the text brings)")
 @click.option("-v", "--verbose", is_flag=True, help="show llama.cpp's log")
 def generate(model: str | None, prompt: str | None, prompt_file: str | None, max_tokens: int, temp: float, top_k: int,
              top_p: float, min_p: float, repeat_penalty: float, seed: int | None, stop: tuple[str, ...],
              draft_max: str, mtp: bool, ngram: bool, verify: str, parallel: int | None, chat: bool,
              stream: bool | None, as_json: bool, n_ctx: int, threads: int | None, n_gpu_layers: int | None,
-             verbose: bool) -> None:
+             draft_vocab: str, verbose: bool) -> None:
     """Generate text, with MTP speculative decoding."""
     _setup_logging(verbose)
     from .generate import LLM
@@ -140,6 +143,12 @@ def generate(model: str | None, prompt: str | None, prompt_file: str | None, max
         if not draft_max.isdigit() or not 0 <= int(draft_max) <= 64:
             raise click.BadParameter(f"{draft_max!r} is not 'auto' or an integer in 0..64", param_hint="--draft-max")
         dmax = int(draft_max)
+    dvocab: int | str | None = {"auto": "auto", "all": None}.get(draft_vocab, draft_vocab)
+    if isinstance(dvocab, str) and dvocab != "auto":
+        if not dvocab.isdigit() or int(dvocab) < 1:
+            raise click.BadParameter(f"{draft_vocab!r} is not 'auto', 'all' or a positive integer",
+                                     param_hint="--draft-vocab")
+        dvocab = int(dvocab)
     if prompt is None and prompt_file is None:
         prompt = "Multi-token prediction" if model is None else None
         if prompt is None:
@@ -158,7 +167,7 @@ def generate(model: str | None, prompt: str | None, prompt_file: str | None, max
     kw: dict[str, Any] = dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                               stop=list(stop), repeat_penalty=repeat_penalty, verify=verify)
     with LLM(path, mtp=mtp, draft_max=dmax, n_ctx=n_ctx, parallel=n_par, threads=threads,  # type: ignore[arg-type]
-             n_gpu_layers=n_gpu_layers, ngram=ngram) as llm:
+             n_gpu_layers=n_gpu_layers, ngram=ngram, draft_vocab=dvocab) as llm:  # type: ignore[arg-type]
         if chat:
             texts = [llm.model.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
             inputs: list[Any] = [llm.model.tokenize(t, parse_special=True) for t in texts]

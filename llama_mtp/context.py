@@ -118,7 +118,7 @@ class Context:
         self._exact_rollback = self.is_mtp or not (model.is_recurrent or model.is_hybrid)
         self.memory = Memory(self)
         if self.is_mtp:
-            self.set_hidden_output(True, masked=True)
+            self.set_hidden_output(True, masked=False)
         model._register(self)
 
     # ------------------------------------------------------------ ownership
@@ -211,8 +211,14 @@ class Context:
 
     def set_hidden_output(self, enabled: bool, *, masked: bool = False) -> None:
         """Make decodes also output hidden (nextn) rows: for every entry
-        (``masked=False``, what MTP catch-up needs from the target) or for output
-        entries only (``masked=True``, what an MTP context uses)."""
+        (``masked=False``: what MTP catch-up needs from the target, and what an MTP
+        context gives by default -- the row of a draft's output) or for output entries
+        only (``masked=True``, target contexts only: at the pinned llama.cpp an MTP
+        decode's masked rows are the batch's *first* rows, not its outputs, so an MTP
+        context refuses it)."""
+        if enabled and masked and self.is_mtp:
+            raise ValueError("masked hidden rows of an MTP context are the batch's first rows, not its outputs "
+                             "(llama.cpp's MTP graph does not select them): use masked=False and index by entry")
         with self._lock:
             calls.set_embeddings_nextn(self._handle(), bool(enabled), bool(masked))
             self._hidden_mode = bool(masked) if enabled else None

@@ -82,7 +82,9 @@ class LLM:
     0 to ``draft_cap`` (default 6, ``AUTO_DRAFT_CAP``), from measured costs and running
     acceptance; an integer fixes it.
     ``parallel`` is how many sequences one engine runs at once (``generate_many``).
-    ``n_ctx`` is the context of each sequence.
+    ``n_ctx`` is the context of each sequence. ``draft_vocab`` limits the tokens a draft
+    can propose (see :class:`~llama_mtp.SpeculativeEngine`; ``"auto"``: a reduced
+    vocabulary on the CPU, the whole one on a GPU).
     """
 
     def __init__(
@@ -101,6 +103,7 @@ class LLM:
         ngram: bool = False,
         verify: Verify = "auto",
         n_batch: int | None = None,
+        draft_vocab: int | Literal["auto"] | None = "auto",
     ) -> None:
         if model_path is None:
             from .demo import demo_model_path
@@ -124,6 +127,7 @@ class LLM:
         self.verify: Verify = verify
         self.params = ContextParams(n_threads=threads, flash_attn=flash_attn)
         self.n_batch = n_batch
+        self.draft_vocab = draft_vocab
         self._engine: SpeculativeEngine | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -135,6 +139,7 @@ class LLM:
                 self.model, max_sequences=self.parallel, n_ctx=self.n_ctx, draft_max=self.draft_max,
                 draft_cap=self.draft_cap,
                 mtp=self.mtp, mtp_model=self.mtp_model, params=self.params, n_batch=self.n_batch,
+                draft_vocab=self.draft_vocab,
             )
         return self._engine
 

@@ -64,6 +64,7 @@ class TinySpec:
     mtp_only: bool = False             # an MTP sidecar: embeddings, output and the MTP layer only
     weights: Literal["random", "planted"] = "planted"
     mtp_noise: float = 0.0             # planted: noise on the MTP head's output matrix
+    mtp_noise_vocab: int = 0           # planted: ... on its first this many rows only (0: every row)
     mtp_blind: tuple[int, int] = (0, 0)  # planted: sentence pieces [a, b) the MTP head mispredicts
     trunk_scale: float = 0.0           # planted: scale of the trunk's residual branches
     logit_scale: float = 12.0          # planted: logit of the planted next token (others ~0)
@@ -196,14 +197,19 @@ def _planted_embeddings(spec: TinySpec, tokens: list[str], rng: np.random.Genera
 def _mtp_noise(spec: TinySpec) -> npt.NDArray[np.float64]:
     """Noise on the MTP head's own output matrix (its own stream: calibration redraws only it)."""
     rng = np.random.default_rng([spec.seed, 7])
-    return rng.standard_normal((spec.n_vocab, spec.n_embd)) * (spec.mtp_noise * spec.logit_scale / math.sqrt(spec.n_embd))
+    noise = rng.standard_normal((spec.n_vocab, spec.n_embd)) * (spec.mtp_noise * spec.logit_scale / math.sqrt(spec.n_embd))
+    if spec.mtp_noise_vocab > 0:  # wrong guesses among the first (most frequent) tokens only
+        noise[spec.mtp_noise_vocab:] = 0.0
+    return noise
 
 
 def _mtp_head(spec: TinySpec, head: npt.NDArray[np.float64],
               tokens: list[str]) -> npt.NDArray[np.float64] | None:
     """The MTP head's own output matrix of a planted model, or None when it is the LM head.
 
-    ``mtp_noise`` adds noise to every row; ``mtp_blind = (a, b)`` rotates the rows of
+    ``mtp_noise`` adds noise to every row (to the first ``mtp_noise_vocab`` rows only,
+    where set: a trained head's wrong guesses are plausible tokens, and a tokenizer puts
+    frequent pieces first); ``mtp_blind = (a, b)`` rotates the rows of
     the sentence's pieces ``a..b-1`` among themselves, so where the next token is one
     of them the MTP head always drafts a wrong one (acceptance 0 there, unchanged
     elsewhere) -- a model whose acceptance changes mid-generation.

@@ -66,6 +66,19 @@ def test_generate_parallel_and_file(model_path, tmp_path: Path) -> None:
     assert out.returncode == 0 and out.stdout.count("--- [") == 3
 
 
+def test_generate_with_a_draft_vocabulary(model_path, tmp_path: Path) -> None:
+    """--draft-vocab N drafts from the first N ids (plus the text's tokens): same text as
+    --draft-vocab all, and drafts still land on the planted model."""
+    outs = []
+    for dv in ("400", "all"):  # the planted pieces are ids 269..394
+        out = cli("generate", "-m", str(model_path("planted")), "-p", "the model", "-n", "20", "--temp", "0",
+                  "--json", "--draft-max", "3", "--draft-vocab", dv, cwd=tmp_path)
+        assert out.returncode == 0, out.stderr
+        outs.append(json.loads(out.stdout))
+    assert outs[0]["tokens"] == outs[1]["tokens"]
+    assert outs[0]["stats"]["acceptance_rate"] == outs[1]["stats"]["acceptance_rate"] == 1.0
+
+
 def test_stream_equals_no_stream(model_path, tmp_path: Path) -> None:
     args = ["generate", "-m", str(model_path("trunk")), "-p", "Multi-token prediction", "-n", "30", "--seed", "3"]
     a = cli(*args, "--stream", cwd=tmp_path)
@@ -94,6 +107,8 @@ def test_no_mtp_and_ngram(model_path, tmp_path: Path) -> None:
         (["generate", "--top-p", "1.5"], 2, "top-p"),
         (["generate", "--draft-max", "-2"], 2, "draft-max"),
         (["generate", "--verify", "maybe"], 2, "verify"),
+        (["generate", "--draft-vocab", "0"], 2, "draft-vocab"),
+        (["generate", "--draft-vocab", "some"], 2, "draft-vocab"),
         (["generate", "-m", "{nomtp}"], 2, "give a prompt"),
         (["bench", "--draft-max", "3-1"], 2, "draft-max"),
         (["bench", "--verify", "nope"], 2, "verify"),

@@ -162,13 +162,18 @@ def test_mtp_context_and_hidden_rows(planted: lm.Model) -> None:
         assert h.shape == (len(toks), planted.n_embd_out) and np.isfinite(h).all()
         np.testing.assert_array_equal(tgt.hidden(2), h[2])
         assert not h.flags.writeable
-        # the MTP context takes (token, hidden) pairs; masked: hidden rows of outputs only
+        # the MTP context takes (token, hidden) pairs and gives a hidden row for every entry
         bd = lm.Batch(len(toks), hidden_dim=dft.hidden_dim)
         prev = np.vstack([np.zeros((1, dft.hidden_dim), np.float32), h[:-1]])
         bd.extend(toks, 0, 0, outputs="last", hidden=prev)
         dft.decode(bd)
         assert dft.logits(-1).shape == (planted.n_vocab,)
-        assert dft.hidden_all().shape == (1, planted.n_embd_out)
+        hd = dft.hidden_all()
+        assert hd.shape == (len(toks), planted.n_embd_out)
+        np.testing.assert_array_equal(dft.hidden(-1), hd[-1])
+        # masked rows would be the batch's first rows, not its outputs (llama.cpp's MTP graph)
+        with pytest.raises(ValueError, match="first rows"):
+            dft.set_hidden_output(True, masked=True)
         # planted: the MTP head predicts what the target predicts
         assert int(np.argmax(dft.logits(-1))) == int(np.argmax(tgt.logits(-1)))
 

@@ -332,6 +332,13 @@ void lmtp_log_set_min_level(int min_level);
 int32_t lmtp_decode(struct llama_context * ctx, struct llama_batch batch, bool exact_rollback,
                     struct lmtp_abort_state * state, int8_t * dropped);
 
+struct lmtp_head;
+struct lmtp_head * lmtp_head_new(const struct llama_model * model, int32_t capacity);
+void    lmtp_head_free(struct lmtp_head * head);
+int32_t lmtp_head_add(struct lmtp_head * head, const int32_t * ids, int32_t n);
+int32_t lmtp_head_rows(const struct lmtp_head * head);
+int32_t lmtp_head_logits(struct lmtp_head * head, const float * x, int32_t n_x, float * out, int32_t n_threads);
+
 /* ---- callbacks into Python ------------------------------------------------ */
 
 extern "Python" void _lmtp_on_log(enum ggml_log_level level, const char * text, void * user_data);

@@ -3,9 +3,18 @@
 
 #include "llama-ext.h"   // C++-only upstream header (src/), not installed by llama.cpp
 #include "llama-hparams.h"  // LLAMA_MAX_LAYERS
+#include "llama-model.h"    // the LM head tensors (draft head)
+#include "llama-impl.h"     // LLAMA_LOG_ERROR
 
+#include "ggml.h"
+#include "ggml-backend.h"
+#include "ggml-cpu.h"
+
+#include <algorithm>
 #include <atomic>
 #include <csignal>
+#include <cstring>
+#include <string>
 #include <vector>
 
 #ifndef LMTP_VERSION
@@ -161,6 +170,127 @@ int32_t lmtp_decode(struct llama_context * ctx, struct llama_batch batch, bool e
         }
     }
     return rc;
+}
+
+// --- draft head -------------------------------------------------------------
+
+struct lmtp_head {
+    const ggml_tensor *  src = nullptr;     // the model's head: {n_embd, n_vocab}
+    ggml_context *       wctx = nullptr;    // owns w
+    ggml_tensor *        w = nullptr;       // {n_embd, capacity}, src's type; rows [0, rows) filled
+    int32_t              rows = 0;
+    int32_t              capacity = 0;
+    std::vector<uint8_t> scratch;           // one call's graph, input, output and work buffer
+};
+
+struct lmtp_head * lmtp_head_new(const struct llama_model * model, int32_t capacity) {
+    if (model == nullptr || capacity <= 0) {
+        LLAMA_LOG_ERROR("%s: no model or capacity %d\n", __func__, (int) capacity);
+        return nullptr;
+    }
+    const auto & hp = model->hparams;
+    const ggml_tensor * head = nullptr;
+    const ggml_tensor * scale = nullptr;
+    if (hp.n_layer_nextn > 0) {
+        const size_t il = hp.n_layer();  // the MTP block follows the trunk (graph_mtp)
+        if (il < model->layers.size() && model->layers[il].nextn.shared_head_head) {
+            head  = model->layers[il].nextn.shared_head_head;
+            scale = model->layers[il].nextn.shared_head_head_s;
+        }
+    }
+    if (head == nullptr) {
+        head  = model->output;
+        scale = model->output_s;
+    }
+    if (head == nullptr || head->buffer == nullptr) {
+        LLAMA_LOG_ERROR("%s: the model has no LM head to draft with\n", __func__);
+        return nullptr;
+    }
+    if (scale != nullptr) {
+        LLAMA_LOG_ERROR("%s: the LM head has a scale tensor: not supported by the draft head\n", __func__);
+        return nullptr;
+    }
+    const std::string buft = ggml_backend_buft_name(ggml_backend_buffer_get_type(head->buffer));
+    if (buft.find("REPACK") != std::string::npos || buft.find("AMX") != std::string::npos ||
+        buft.find("KLEIDI") != std::string::npos) {
+        LLAMA_LOG_ERROR("%s: the LM head's weights are repacked for this CPU (%s): rows cannot be copied\n",
+                        __func__, buft.c_str());
+        return nullptr;
+    }
+    const int64_t n_vocab = head->ne[1];
+    capacity = (int32_t) std::min<int64_t>(capacity, n_vocab);
+    auto * h = new lmtp_head();
+    h->src = head;
+    h->capacity = capacity;
+    ggml_init_params ip = { ggml_tensor_overhead() * 2 + ggml_row_size(head->type, head->ne[0]) * capacity + 256,
+                            nullptr, false };
+    h->wctx = ggml_init(ip);
+    if (h->wctx == nullptr) {
+        LLAMA_LOG_ERROR("%s: out of memory for %d rows\n", __func__, (int) capacity);
+        delete h;
+        return nullptr;
+    }
+    h->w = ggml_new_tensor_2d(h->wctx, head->type, head->ne[0], capacity);
+    return h;
+}
+
+void lmtp_head_free(struct lmtp_head * head) {
+    if (head == nullptr) return;
+    if (head->wctx) ggml_free(head->wctx);
+    delete head;
+}
+
+int32_t lmtp_head_rows(const struct lmtp_head * head) { return head ? head->rows : 0; }
+
+int32_t lmtp_head_add(struct lmtp_head * head, const int32_t * ids, int32_t n) {
+    if (head == nullptr || n < 0 || (n > 0 && ids == nullptr)) return -1;
+    if (head->rows + n > head->capacity) {
+        LLAMA_LOG_ERROR("%s: %d rows do not fit (%d of %d used)\n", __func__, (int) n, (int) head->rows,
+                        (int) head->capacity);
+        return -1;
+    }
+    const int64_t n_vocab = head->src->ne[1];
+    for (int32_t i = 0; i < n; ++i) {
+        if (ids[i] < 0 || ids[i] >= n_vocab) {
+            LLAMA_LOG_ERROR("%s: token id %d out of range [0, %lld)\n", __func__, (int) ids[i], (long long) n_vocab);
+            return -1;
+        }
+    }
+    const size_t row = head->src->nb[1];
+    for (int32_t i = 0; i < n; ++i) {
+        // works for any backend buffer (host memcpy, or a copy back from a device)
+        ggml_backend_tensor_get(head->src, (char *) head->w->data + (size_t) (head->rows + i) * head->w->nb[1],
+                                (size_t) ids[i] * row, ggml_row_size(head->src->type, head->src->ne[0]));
+    }
+    head->rows += n;
+    return head->rows;
+}
+
+int32_t lmtp_head_logits(struct lmtp_head * head, const float * x, int32_t n_x, float * out, int32_t n_threads) {
+    if (head == nullptr || x == nullptr || out == nullptr || n_x <= 0 || head->rows <= 0) return -1;
+    const int64_t n_embd = head->w->ne[0];
+    // graph, x, its conversion to the weights' dot type, the product, slack for alignment
+    const size_t need = ggml_tensor_overhead() * 8 + ggml_graph_overhead() +
+                        (size_t) n_embd * n_x * sizeof(float) * 2 + (size_t) head->rows * n_x * sizeof(float) +
+                        (size_t) 64 * (n_threads + 4) + 4096;
+    if (head->scratch.size() < need) head->scratch.resize(need);
+    ggml_init_params ip = { head->scratch.size(), head->scratch.data(), false };
+    ggml_context * ctx = ggml_init(ip);
+    if (ctx == nullptr) return -1;
+    ggml_tensor * w = ggml_view_2d(ctx, head->w, n_embd, head->rows, head->w->nb[1], 0);
+    ggml_tensor * xt = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, n_embd, n_x);
+    std::memcpy(xt->data, x, (size_t) n_embd * n_x * sizeof(float));
+    ggml_tensor * y = ggml_mul_mat(ctx, w, xt);  // {rows, n_x}
+    ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, y);
+    const ggml_status st = ggml_graph_compute_with_ctx(ctx, gf, std::max(1, (int) n_threads));
+    if (st == GGML_STATUS_SUCCESS) {
+        std::memcpy(out, y->data, (size_t) head->rows * n_x * sizeof(float));
+    } else {
+        LLAMA_LOG_ERROR("%s: ggml compute failed (%d)\n", __func__, (int) st);
+    }
+    ggml_free(ctx);
+    return st == GGML_STATUS_SUCCESS ? 0 : -1;
 }
 
 }  // extern "C"

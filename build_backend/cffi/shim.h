@@ -6,7 +6,9 @@
  *   a long decode and the context stays usable;
  * - a log filter in front of the Python log callback;
  * - a decode that, when aborted or failed half-way, puts every sequence it
- *   touched back where it was (or removes it entirely), in the same C call.
+ *   touched back where it was (or removes it entirely), in the same C call;
+ * - a draft head: a copy of some rows of the LM head the MTP block drafts with,
+ *   multiplied on the CPU (a reduced draft vocabulary).
  */
 #ifndef LLAMA_MTP_SHIM_H
 #define LLAMA_MTP_SHIM_H
@@ -49,6 +51,20 @@ void lmtp_log_set_min_level(int min_level);
  * memory), else removed entirely (dropped[seq] = 1; n_seq_max entries). */
 int32_t lmtp_decode(struct llama_context * ctx, struct llama_batch batch, bool exact_rollback,
                     struct lmtp_abort_state * state, int8_t * dropped);
+
+/* Draft head: rows of the LM head the MTP block of `model` drafts with (its own
+ * nextn.shared_head_head, else the model's output matrix), copied in the tensor's own
+ * type into `capacity` slots on the CPU. NULL (and a logged reason) where that head
+ * cannot be copied: no MTP block, a scaled head, weights repacked for this CPU. */
+struct lmtp_head;
+struct lmtp_head * lmtp_head_new(const struct llama_model * model, int32_t capacity);
+void    lmtp_head_free(struct lmtp_head * head);
+/* append the rows of token ids[0..n): the new row count, or -1 (out of range / full) */
+int32_t lmtp_head_add(struct lmtp_head * head, const int32_t * ids, int32_t n);
+int32_t lmtp_head_rows(const struct lmtp_head * head);
+/* out[r * rows + j] = row j . x[r] for r < n_x (x: n_x rows of n_embd floats);
+ * 0, or -1 on failure (logged) */
+int32_t lmtp_head_logits(struct lmtp_head * head, const float * x, int32_t n_x, float * out, int32_t n_threads);
 
 #ifdef __cplusplus
 }

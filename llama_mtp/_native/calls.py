@@ -569,3 +569,28 @@ class BatchStruct:
 
     def set_n_tokens(self, n: int) -> None:
         self.ptr.n_tokens = n
+
+
+# ---------------------------------------------------------------- draft head
+
+
+def head_new(model: CData, capacity: int) -> CData | None:
+    ptr = lib.lmtp_head_new(model, capacity)
+    if ptr == NULL:
+        return None
+    return ffi.gc(ptr, lib.lmtp_head_free)
+
+
+def head_add(head: CData, ids: npt.NDArray[np.int32]) -> int:
+    """Append the rows of ``ids`` (contiguous int32): the new row count, or -1."""
+    return int(lib.lmtp_head_add(head, ffi.from_buffer("int32_t[]", ids), len(ids)))
+
+
+def head_rows(head: CData) -> int:
+    return int(lib.lmtp_head_rows(head))
+
+
+def head_logits(head: CData, x: npt.NDArray[np.float32], out: npt.NDArray[np.float32], n_threads: int) -> int:
+    """``out[r, j] = row j . x[r]`` (both C-contiguous float32); 0, or -1."""
+    return int(lib.lmtp_head_logits(head, ffi.from_buffer("float[]", x), x.shape[0],
+                                    ffi.from_buffer("float[]", out, require_writable=True), n_threads))

@@ -28,12 +28,18 @@ import numpy.typing as npt
 
 from ..batch import Batch
 from ..context import Context
+from ..draft_head import DraftHead
 from ..errors import LlamaError, MTPUnavailableError
 from ..model import Model
 from ..params import ContextParams
 from ..sampling import Distribution, Sampler
 
-__all__ = ["Draft", "DraftRequest", "MTPDrafter"]
+__all__ = ["DRAFT_VOCAB_GROW", "Draft", "DraftRequest", "MTPDrafter"]
+
+#: With a reduced draft vocabulary, room for this many tokens beyond the first
+#: ``draft_vocab`` ids: every token a prompt or an accepted draft brings that the head
+#: lacks is added (names, code identifiers, other scripts), until the room is used up.
+DRAFT_VOCAB_GROW = 4096
 
 
 @dataclass
@@ -89,6 +95,7 @@ class MTPDrafter:
         n_batch: int,
         params: ContextParams | None = None,
         mtp_model: Model | None = None,
+        draft_vocab: int | None = None,
     ) -> None:
         head = mtp_model or model
         head.require_mtp()
@@ -116,9 +123,65 @@ class MTPDrafter:
         #: carried the queued catch-up rows -- what a drafting step's first MTP decode costs
         self.first_timing: tuple[int, float] | None = None
         self.shadow_predictions: list[tuple[int, int, int]] = []  # last flush(shadow=...)'s guesses
+        #: the reduced draft vocabulary (None: the full LM head, inside the MTP decode)
+        self.head: DraftHead | None = None
+        if draft_vocab is not None and draft_vocab < head.n_vocab:
+            try:
+                first_ids = [*range(max(1, draft_vocab)), *np.flatnonzero(head.eog_mask).tolist()]
+                self.head = DraftHead(head, first_ids, capacity=min(head.n_vocab, max(1, draft_vocab) + DRAFT_VOCAB_GROW),
+                                      n_threads=self.ctx.n_threads[1])
+                # drafts are decoded without outputs: no logits, the decode skips the full head
+            except BaseException:
+                self.ctx.close()
+                raise
 
     def close(self) -> None:
+        if self.head is not None:
+            self.head.close()
         self.ctx.close()
+
+    @property
+    def draft_vocab(self) -> int:
+        """Tokens a draft can propose: the reduced vocabulary's size now, else the model's."""
+        return len(self.head) if self.head is not None else self.n_vocab
+
+    def learn(self, tokens: list[int]) -> None:
+        """Give the reduced draft vocabulary the rows of ``tokens`` it lacks (while it has room)."""
+        h = self.head
+        if h is not None and h.room:
+            c = h._col
+            new = [t for t in tokens if c[t] < 0]
+            if new:
+                h.add(new)
+
+    def _rows(self, idx: slice) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        """(logits, hidden rows) of the last decode's draft rows ``idx`` (batch entries).
+        Logits are over the draft vocabulary: :meth:`_token` maps a column to its token."""
+        hid = self.ctx.hidden_all()[idx]  # a row for every entry (see Context.set_hidden_output)
+        if self.head is None:  # logits of the outputs, in batch order
+            return self.ctx.logits_all(), hid
+        return self.head.logits(hid), hid
+
+    def _token(self, col: int) -> int:
+        return col if self.head is None else int(self.head._ids[col])
+
+    def _full_row(self, row: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """A row of the draft vocabulary as a vocabulary-wide row (-inf elsewhere)."""
+        if self.head is None:
+            return row
+        full = np.full(self.n_vocab, -np.inf, dtype=np.float32)
+        full[self.head.ids] = row
+        return full
+
+    def time_draft_decode(self, seq: int, n: int, token: int, hidden: npt.NDArray[np.float32]) -> None:
+        """One draft decode of ``n`` outputs on slot ``seq`` (emptied first), head included:
+        what the adaptive policy's calibration times."""
+        self.ctx.memory.seq_rm(seq, -1, -1)
+        self.batch.clear()
+        for j in range(n):
+            self.batch.add(token, j, seq, output=self.head is None, hidden=hidden)
+        self.ctx.decode(self.batch)
+        self._rows(slice(0, n))
 
     # ------------------------------------------------------------ sequences
 
@@ -172,6 +235,8 @@ class MTPDrafter:
             q.tokens.append(int(tokens[i]))
             q.hidden.append(np.array(hidden[i], dtype=np.float32))
         q.next_pos = max(q.next_pos, pos0 + len(tokens))
+        if skip < len(tokens):
+            self.learn(q.tokens[len(q.tokens) - (len(tokens) - skip):])
 
     def skip(self, seq: int, keep: int) -> int:
         """Drop all but the last ``keep`` queued catch-up rows of ``seq``; returns how many
@@ -191,9 +256,11 @@ class MTPDrafter:
 
     def _add_queued(self, seqs: list[int], room: int, shadow: int = 0) -> list[tuple[int, int]]:
         """Put queued rows of ``seqs`` into the batch (up to ``room``); returns what was taken.
-        The last ``shadow`` rows of each sequence are outputs (see :meth:`flush`)."""
+        The last ``shadow`` rows of each sequence are read (see :meth:`flush`): their batch
+        entries go to ``self._shadow_at``, and they are outputs unless a draft head reads them."""
         taken = []
         b = self.batch
+        self._shadow_at: list[int] = []
         for seq in seqs:
             q = self._queues.get(seq)
             if q is None or not q.tokens or room <= 0:
@@ -201,7 +268,8 @@ class MTPDrafter:
             n = min(len(q.tokens), room)
             flags = np.zeros(n, dtype=bool)
             if shadow:
-                flags[-shadow:] = True
+                self._shadow_at.extend(range(b.n_tokens + max(0, n - shadow), b.n_tokens + n))
+                flags[-shadow:] = self.head is None
             b.extend(q.tokens[:n], q.start, seq, outputs=flags, hidden=np.stack(q.hidden[:n]))
             taken.append((seq, n))
             room -= n
@@ -229,13 +297,15 @@ class MTPDrafter:
             self.batch.clear()
             taken = self._add_queued(order, self.batch.capacity, shadow=shadow)
             self.ctx.decode(self.batch)
-            if shadow:
-                outs = np.flatnonzero(self.batch.output[: self.batch.n_tokens])
-                if outs.size:
+            if shadow and self._shadow_at:
+                outs = np.asarray(self._shadow_at)
+                if self.head is None:
                     guess = np.argmax(self.ctx.logits_all(), axis=1)
-                    for j, g in zip(outs, guess):
-                        self.shadow_predictions.append(
-                            (int(self.batch.seq[j, 0]), int(self.batch.pos[j]), int(g)))
+                else:
+                    guess = self.head.to_ids(np.argmax(self.head.logits(self.ctx.hidden_all()[outs]), axis=1))
+                for j, g in zip(outs, guess, strict=True):
+                    self.shadow_predictions.append(
+                        (int(self.batch.seq[j, 0]), int(self.batch.pos[j]), int(g)))
             self._consume(taken)
             n_dec += 1
         self.decodes += n_dec
@@ -275,13 +345,17 @@ class MTPDrafter:
         taken = self._add_queued([r.seq for r in live], cap - len(live))
         others = [s for s in self._queues if s not in want]
         taken += self._add_queued(others, cap - len(live) - b.n_tokens)
+        first = b.n_tokens
+        out_flag = self.head is None
+        self.learn([r.token for r in live])  # start rows go to the memory without catch_up
         for r in live:
-            b.add(r.token, r.pos, r.seq, output=True, hidden=r.hidden)
+            b.add(r.token, r.pos, r.seq, output=out_flag, hidden=r.hidden)
         active = live
         step = 0
         while active:
             t0 = time.perf_counter()
             self.ctx.decode(b)
+            logits, hidden = self._rows(slice(first, b.n_tokens))
             dt = time.perf_counter() - t0
             self.decodes += 1
             if step > 0:
@@ -293,23 +367,23 @@ class MTPDrafter:
                     q = self._q(r.seq)
                     q.next_pos = r.pos + 1  # the start row is a correct entry: keep it
                     q.dropped = 0
-            logits = self.ctx.logits_all()
-            hidden = self.ctx.hidden_all()
             nxt: list[DraftRequest] = []
             rows: list[tuple[int, npt.NDArray[np.float32]]] = []
             for j, r in enumerate(active):
                 d = out[r.seq]
                 row = logits[j]
                 if r.sampler is not None:
-                    dist = r.sampler.distribution(row, r.history + d.tokens)
+                    dist = r.sampler.distribution(self._full_row(row), r.history + d.tokens)
                     tok = int(dist[0][r.sampler.draw(dist[1])])
+                    col = tok if self.head is None else self.head.column(tok)
                     assert d.q is not None
                     d.q.append(dist)
                 else:
-                    tok = int(np.argmax(row))
+                    col = int(np.argmax(row))
+                    tok = self._token(col)
                 if r.p_min > 0.0:
                     top = np.partition(row, len(row) - TOP_K_P)[len(row) - TOP_K_P:] if len(row) > TOP_K_P else row
-                    p = float(np.exp(row[tok] - top.max()) / np.exp(top - top.max()).sum())
+                    p = float(np.exp(row[col] - top.max()) / np.exp(top - top.max()).sum())
                     d.p_top.append(p)
                     if p < r.p_min:
                         if d.q is not None:
@@ -323,8 +397,9 @@ class MTPDrafter:
             if not nxt:
                 break
             b.clear()
-            for r, (tok, h) in zip(nxt, rows):
-                b.add(tok, r.pos + len(out[r.seq].tokens), r.seq, output=True, hidden=h)
+            first = 0
+            for r, (tok, h) in zip(nxt, rows, strict=True):
+                b.add(tok, r.pos + len(out[r.seq].tokens), r.seq, output=out_flag, hidden=h)
             active = nxt
         del logits, hidden
         for r in live:

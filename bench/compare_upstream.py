@@ -376,7 +376,7 @@ def main() -> None:
         print(f"\n== acceptance ~{tag}% ({path.name}, mtp_noise {spec.mtp_noise}, predicted {predicted:.3f})", flush=True)
         model = lm.Model(path, n_gpu_layers=args.gpu_layers)
         ours = Ours(model, args.threads, args.n_ctx)
-        ours.draft_vocab = {"auto": "auto", "all": None}.get(args.draft_vocab) or int(args.draft_vocab)
+        ours.draft_vocab = draft_vocab_arg(args.draft_vocab)
         cells: dict[str, Cell] = {"plain": Cell(), **{f"k{k}": Cell() for k in ks}}
         try:
             ours.run(prompt, 16, 0)
@@ -520,6 +520,15 @@ def markdown(r: dict[str, Any]) -> str:
                          f"({s['verify_s'] / step:.0%}), catch-up {s['catch_up_s']:.3f}, restore {s['restore_s']:.3f}, "
                          f"Python {s['python_s']:.3f} ({s['python_s'] / step:.1%})")
     return "\n".join(lines) + "\n"
+
+
+def draft_vocab_arg(value: str) -> int | str | None:
+    """--draft-vocab: 'auto', 'all' (None: the whole vocabulary) or a positive integer."""
+    if value in ("auto", "all"):
+        return None if value == "all" else value
+    if not value.isdigit() or int(value) < 1:
+        sys.exit(f"--draft-vocab: {value!r} is not auto, all or a positive integer")
+    return int(value)
 
 
 def draft_vocab_line(dv: str | None) -> str:

@@ -26,7 +26,7 @@ CACHE = Path(os.environ.get("LLAMA_MTP_BENCH_CACHE") or HERE / ".cache")
 WORDS = " ".join(f"word{i}" for i in range(400)) + "."
 #: The MTP head's noise (what sets acceptance) lies on the first this many token rows: a
 #: trained head's wrong guesses are plausible, frequent tokens, not any of the 32000.
-#: (Before 2026-12-07 it lay on every row: then a reduced draft vocabulary, which cannot
+#: (Until 2026-12-06 23:30 it lay on every row: then a reduced draft vocabulary, which cannot
 #: guess the rare tokens, drafted *better* than the full head -- 0.82 vs 0.73 acceptance
 #: at ~75% -- which says nothing about real models.) Within the planted words (ids < 700)
 #: and DRAFT_VOCAB_AUTO, so the reduced and the full head draft the same tokens here.

@@ -47,3 +47,12 @@ def trunk(model_path) -> lm.Model:
     m = lm.Model(model_path("trunk"))
     yield m
     m.close()
+
+
+@pytest.fixture(scope="session")
+def soft_model(tmp_path_factory: pytest.TempPathFactory) -> lm.Model:
+    """Planted but soft: the next token is likely, not certain (variety at T = 1)."""
+    path = write_tiny_model(tmp_path_factory.mktemp("soft") / "soft.gguf", logit_scale=3.0, mtp_noise=0.2)
+    m = lm.Model(path)
+    yield m
+    m.close()

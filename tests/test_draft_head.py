@@ -16,7 +16,7 @@ import llama_mtp as lm
 from llama_mtp.batch import Batch
 from llama_mtp.speculative import SpeculativeEngine
 from llama_mtp.speculative import engine as engine_mod
-from llama_mtp.tiny import DEMO_TEXT, write_tiny_model
+from llama_mtp.tiny import DEMO_TEXT
 
 GREEDY = lm.SamplingParams.greedy_params()
 PROMPTS = ["Multi-token prediction", "the model", "every accepted draft saves a whole decoding"]
@@ -161,14 +161,6 @@ def test_draft_vocab_auto_and_validation(model_path, monkeypatch: pytest.MonkeyP
     for bad in (0, -3, True, 2.5, "all"):
         with pytest.raises(ValueError):
             SpeculativeEngine(model, n_ctx=64, draft_vocab=bad)  # type: ignore[arg-type]
-
-
-@pytest.fixture(scope="module")
-def soft_model(tmp_path_factory: pytest.TempPathFactory) -> lm.Model:
-    path = write_tiny_model(tmp_path_factory.mktemp("soft") / "soft.gguf", logit_scale=3.0, mtp_noise=0.2)
-    m = lm.Model(path)
-    yield m
-    m.close()
 
 
 def sample_runs(model: lm.Model, seeds: range, mtp: bool, draft_vocab: int | None) -> list[tuple[int, ...]]:

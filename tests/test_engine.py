@@ -14,7 +14,6 @@ import llama_mtp as lm
 from helpers import GPU, assert_greedy_matches, chi2_two_sample, greedy_reference_margins
 from llama_mtp.speculative import ContextLengthError, SpeculativeEngine
 from llama_mtp.speculative.engine import REPLAY_DRAFT_MAX
-from llama_mtp.tiny import write_tiny_model
 
 GREEDY = lm.SamplingParams.greedy_params()
 PROMPTS = ["Multi-token prediction", "the model", "every accepted draft saves a whole decoding", "one"]
@@ -417,15 +416,6 @@ def test_bad_requests(model_path) -> None:
 
 
 # ---------------------------------------------------------------- sampling at T > 0
-
-@pytest.fixture(scope="module")
-def soft_model(tmp_path_factory: pytest.TempPathFactory) -> lm.Model:
-    """Planted but soft: the next token is likely, not certain (variety at T = 1)."""
-    path = write_tiny_model(tmp_path_factory.mktemp("soft") / "soft.gguf", logit_scale=3.0, mtp_noise=0.2)
-    m = lm.Model(path)
-    yield m
-    m.close()
-
 
 def sample_runs(model: lm.Model, seeds: range, mtp: bool, verify: str = "match", n: int = 3) -> list[tuple[int, ...]]:
     sp = lambda s: lm.SamplingParams(temperature=1.0, top_k=6, top_p=1.0, min_p=0.0, seed=s)  # noqa: E731

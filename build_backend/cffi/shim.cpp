@@ -180,7 +180,8 @@ struct lmtp_head {
     ggml_tensor *        w = nullptr;       // {n_embd, capacity}, src's type; rows [0, rows) filled
     int32_t              rows = 0;
     int32_t              capacity = 0;
-    std::vector<uint8_t> scratch;           // one call's graph, input, output and work buffer
+    std::vector<uint8_t> scratch;           // one call's graph, input and output
+    std::vector<uint8_t> work;              // its ggml work buffer (x in the weights' dot type)
 };
 
 struct lmtp_head * lmtp_head_new(const struct llama_model * model, int32_t capacity) {
@@ -269,10 +270,9 @@ int32_t lmtp_head_add(struct lmtp_head * head, const int32_t * ids, int32_t n) {
 int32_t lmtp_head_logits(struct lmtp_head * head, const float * x, int32_t n_x, float * out, int32_t n_threads) {
     if (head == nullptr || x == nullptr || out == nullptr || n_x <= 0 || head->rows <= 0) return -1;
     const int64_t n_embd = head->w->ne[0];
-    // graph, x, its conversion to the weights' dot type, the product, slack for alignment
+    // three tensors and a graph, x, the product, slack for alignment (the work buffer is apart)
     const size_t need = ggml_tensor_overhead() * 8 + ggml_graph_overhead() +
-                        (size_t) n_embd * n_x * sizeof(float) * 2 + (size_t) head->rows * n_x * sizeof(float) +
-                        (size_t) 64 * (n_threads + 4) + 4096;
+                        (size_t) n_embd * n_x * sizeof(float) + (size_t) head->rows * n_x * sizeof(float) + 4096;
     if (head->scratch.size() < need) head->scratch.resize(need);
     ggml_init_params ip = { head->scratch.size(), head->scratch.data(), false };
     ggml_context * ctx = ggml_init(ip);
@@ -283,7 +283,12 @@ int32_t lmtp_head_logits(struct lmtp_head * head, const float * x, int32_t n_x, 
     ggml_tensor * y = ggml_mul_mat(ctx, w, xt);  // {rows, n_x}
     ggml_cgraph * gf = ggml_new_graph(ctx);
     ggml_build_forward_expand(gf, y);
-    const ggml_status st = ggml_graph_compute_with_ctx(ctx, gf, std::max(1, (int) n_threads));
+    ggml_cplan plan = ggml_graph_plan(gf, std::max(1, (int) n_threads), nullptr);
+    if (plan.work_size > 0) {
+        if (head->work.size() < plan.work_size) head->work.resize(plan.work_size);
+        plan.work_data = head->work.data();
+    }
+    const ggml_status st = ggml_graph_compute(gf, &plan);
     if (st == GGML_STATUS_SUCCESS) {
         std::memcpy(out, y->data, (size_t) head->rows * n_x * sizeof(float));
     } else {

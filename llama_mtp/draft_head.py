@@ -141,6 +141,8 @@ class DraftHead:
             raise ValueError(f"x must have shape (n, {self.n_embd}), got {np.shape(x)}")
         with self._lock:
             out = np.empty((xs.shape[0], self._n), dtype=np.float32)
+            if self._n == 0:  # nothing to multiply (an empty head waiting for add())
+                return out[0] if one else out
             clear_log()
             if calls.head_logits(self._handle(), xs, out, self.n_threads) != 0:
                 raise_with_log(LlamaError, "draft head multiplication failed")

@@ -104,7 +104,13 @@ def test_bad_input_is_refused(model_path: type[Path]) -> None:
     assert "closed" in repr(head)
 
 
-def test_no_lm_head_to_draft_with(model_path: type[Path]) -> None:
+def test_an_empty_head_gives_empty_rows(planted: lm.Model) -> None:
+    with lm.DraftHead(planted, [], capacity=4) as head:
+        assert len(head) == 0 and head.logits(np.zeros((2, planted.n_embd_out), np.float32)).shape == (2, 0)
+        assert head.add([7]) == 1 and head.logits(np.zeros(planted.n_embd_out, np.float32)).shape == (1,)
+
+
+def test_a_model_without_mtp_layers_has_rows_to_copy(model_path: type[Path]) -> None:
     with lm.Model(model_path("nomtp")) as m:  # has an output matrix: rows can be copied
         with lm.DraftHead(m, [1]) as head:
             assert len(head) == 1
@@ -217,3 +223,18 @@ def test_a_drafts_chain_reads_its_own_rows(model_path, vocab: int | None) -> Non
         finally:
             d.close()
     assert len(drafts[0]) == 4 and drafts[0] == drafts[1]
+
+
+def test_a_sidecar_mtp_model_drafts_from_its_own_head(model_path, tmp_path: Path) -> None:
+    """With an MTP-only sidecar GGUF the rows are copied from the sidecar's head."""
+    from llama_mtp.tiny import write_tiny_model
+
+    path = str(model_path("planted"))
+    model = _model(path)
+    prompt = model.tokenize(PROMPTS[1])
+    with lm.Model(write_tiny_model(tmp_path / "side.gguf", mtp_only=True)) as side, \
+            SpeculativeEngine(model, mtp_model=side, n_ctx=128, draft_max=3, sampling=GREEDY, draft_vocab=400) as eng:
+        assert eng.drafter is not None and eng.drafter.head is not None and eng.drafter.head.model is side
+        got = run(eng, [prompt], 30)[0]
+        assert eng.stats.spec.draft_n_accepted > 0
+    assert_greedy_matches(got, reference(path, tuple(prompt), 30))

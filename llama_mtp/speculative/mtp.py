@@ -129,7 +129,7 @@ class MTPDrafter:
             try:
                 first_ids = [*range(max(1, draft_vocab)), *np.flatnonzero(head.eog_mask).tolist()]
                 self.head = DraftHead(head, first_ids, capacity=min(head.n_vocab, max(1, draft_vocab) + DRAFT_VOCAB_GROW),
-                                      n_threads=self.ctx.n_threads[1])
+                                      n_threads=self.ctx.n_threads[0])  # a few rows: llama.cpp's one-token thread count
                 # drafts are decoded without outputs: no logits, the decode skips the full head
             except BaseException:
                 self.ctx.close()

@@ -29,12 +29,18 @@ class BenchConfig:
     draft_max: int | str
     parallel: int
     verify: str = "greedy"
+    draft_vocab: int | str | None = "auto"
+
+    @property
+    def vocab(self) -> str:
+        return "all" if self.draft_vocab is None else str(self.draft_vocab)
 
     @property
     def label(self) -> str:
         if not self.mtp:
             return "plain"
-        return f"mtp k={self.draft_max}" + ("" if self.verify in ("greedy", "auto") else f" {self.verify}")
+        return (f"mtp k={self.draft_max}" + ("" if self.verify in ("greedy", "auto") else f" {self.verify}")
+                + ("" if self.draft_vocab == "auto" else f" vocab={self.vocab}"))
 
 
 @dataclass
@@ -52,6 +58,7 @@ class BenchRow:
     mean_len: float = 1.0
     runs: list[float] = field(default_factory=list)
     python_share: float = 0.0
+    draft_vocab: str = "auto"    # the engine's draft_vocab ("all": the whole vocabulary)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
@@ -64,11 +71,12 @@ def _measure(model: Model, cfg: BenchConfig, prompts: list[list[int]], n_tokens:
     auto = cfg.draft_max == "auto"
     with SpeculativeEngine(model, max_sequences=cfg.parallel, n_ctx=n_ctx,
                            draft_max=(cfg.draft_max if cfg.mtp else 0),  # type: ignore[arg-type]
-                           draft_cap=(auto_cap if auto else None), mtp=cfg.mtp, params=params, spec=spec) as eng:
+                           draft_cap=(auto_cap if auto else None), mtp=cfg.mtp, params=params, spec=spec,
+                           draft_vocab=cfg.draft_vocab) as eng:  # type: ignore[arg-type]
         sampling = [SamplingParams(temperature=temperature, seed=seed + i) for i in range(len(prompts))]
         t0 = time.perf_counter()
         eng.add_many([dict(prompt=p, max_tokens=n_tokens, sampling=s, ignore_eos=True)
-                      for p, s in zip(prompts, sampling)])
+                      for p, s in zip(prompts, sampling, strict=True)])
         while eng.active:
             eng.step()
         dt = time.perf_counter() - t0
@@ -82,6 +90,7 @@ def run_bench(
     draft_maxes: Sequence[int | str] = (1, 2, 3, 4, 5, 6),
     parallels: Sequence[int] = (1,),
     verifies: Sequence[str] = ("greedy",),
+    draft_vocabs: Sequence[int | str | None] = ("auto",),
     n_tokens: int = 128,
     repeat: int = 3,
     temperature: float = 0.0,
@@ -90,7 +99,8 @@ def run_bench(
     threads: int | None = None,
     progress: Callable[[int, int, str], None] | None = None,
 ) -> list[BenchRow]:
-    """Measure plain decoding and MTP for every draft length and parallel count."""
+    """Measure plain decoding and MTP for every draft length, parallel count, verify mode
+    and draft vocabulary (``draft_vocabs``: the engine's ``draft_vocab`` values)."""
     if repeat < 1 or n_tokens < 1:
         raise ValueError("repeat and n_tokens must be >= 1")
     params = ContextParams(n_threads=threads)
@@ -99,8 +109,9 @@ def run_bench(
         configs.append(BenchConfig(False, 0, par))
         if model.has_mtp:
             for verify in verifies:
-                for k in draft_maxes:
-                    configs.append(BenchConfig(True, k, par, verify))
+                for dv in draft_vocabs:
+                    for k in draft_maxes:
+                        configs.append(BenchConfig(True, k, par, verify, dv))
     base_prompt = model.tokenize(prompt)
     results: dict[BenchConfig, list[tuple[float, int, SpecStats, float]]] = {c: [] for c in configs}
     total = len(configs) * (repeat + 1)
@@ -130,6 +141,7 @@ def run_bench(
             seconds=statistics.median(dt for dt, _, _, _ in runs), tok_s=med,
             acceptance=spec.acceptance_rate, mean_len=spec.mean_accepted_length if cfg.mtp else 1.0,
             runs=[round(t, 3) for t in tps], python_share=statistics.median(p for *_, p in runs),
+            draft_vocab=cfg.vocab if cfg.mtp else "-",
         )
         if not cfg.mtp:
             plain[cfg.parallel] = med

@@ -311,13 +311,15 @@ def _int_list(value: str, name: str, allow_auto: bool = False) -> list[Any]:
 @click.option("-r", "--repeat", type=click.IntRange(min=1), default=3, show_default=True, help="measurements (median)")
 @click.option("--temp", type=click.FloatRange(min=0.0), default=0.0, show_default=True, help="temperature")
 @click.option("--verify", default=None, help="verification modes, e.g. match,rejection (default: greedy at T=0, else both)")
+@click.option("--draft-vocab", "draft_vocab", default="auto", show_default=True,
+              help="draft vocabularies to compare, e.g. auto,all or 8192,all (all: the whole vocabulary)")
 @click.option("-p", "--prompt", default="Multi-token prediction", show_default=True)
 @click.option("-t", "--threads", type=click.IntRange(1, 1024), default=None)
 @click.option("--json", "as_json", is_flag=True, help="print the rows as JSON")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="write a PNG of speedup and acceptance")
 @click.option("-v", "--verbose", is_flag=True)
 def bench(model: str | None, draft_max: str, parallel: str, n_tokens: int, repeat: int, temp: float, verify: str | None,
-          prompt: str, threads: int | None, as_json: bool, plot: str | None, verbose: bool) -> None:
+          draft_vocab: str, prompt: str, threads: int | None, as_json: bool, plot: str | None, verbose: bool) -> None:
     """Plain decoding vs MTP for several draft lengths and parallel counts."""
     _setup_logging(verbose)
     from .benchmark import run_bench
@@ -332,6 +334,15 @@ def bench(model: str | None, draft_max: str, parallel: str, n_tokens: int, repea
         bad = [v for v in verifies if v not in ("auto", "greedy", "match", "rejection")]
         if bad or not verifies:
             raise click.BadParameter(f"unknown mode(s) {bad}; use greedy, match, rejection", param_hint="--verify")
+    vocabs: list[int | str | None] = []
+    for v in (x.strip() for x in draft_vocab.split(",")):
+        if v in ("auto", "all"):
+            vocabs.append(None if v == "all" else v)
+        elif v.isdigit() and int(v) >= 1:
+            vocabs.append(int(v))
+        else:
+            raise click.BadParameter(f"{v!r}: use auto, all or a positive integer, e.g. auto,all",
+                                     param_hint="--draft-vocab")
     if plot is not None:
         try:
             import matplotlib  # noqa: F401
@@ -350,7 +361,7 @@ def bench(model: str | None, draft_max: str, parallel: str, n_tokens: int, repea
             def on_progress(done: int, total: int, label: str) -> None:
                 prog.update(task, completed=done, total=total, description=f"benchmarking {label}")
 
-            rows = run_bench(m, draft_maxes=ks, parallels=pars, verifies=verifies, n_tokens=n_tokens,
+            rows = run_bench(m, draft_maxes=ks, parallels=pars, verifies=verifies, draft_vocabs=vocabs, n_tokens=n_tokens,
                              repeat=repeat, temperature=temp, prompt=prompt, threads=threads, progress=on_progress)
         name = m.path.name
     if as_json:
@@ -360,10 +371,13 @@ def bench(model: str | None, draft_max: str, parallel: str, n_tokens: int, repea
         from rich.table import Table
 
         t = Table(title=f"{name}: {n_tokens} tokens/sequence, T={temp}, median of {repeat}")
-        for col in ("mode", "draft", "parallel", "verify", "tok/s", "speedup", "acceptance", "mean len"):
-            t.add_column(col, justify="right" if col not in ("mode", "verify") else "left")
+        show_vocab = len(vocabs) > 1 or vocabs != ["auto"]  # a column only where it was chosen
+        for col in ("mode", "draft", "parallel", "verify", *(("vocab",) if show_vocab else ()), "tok/s", "speedup",
+                    "acceptance", "mean len"):
+            t.add_column(col, justify="right" if col not in ("mode", "verify", "vocab") else "left")
         for r in rows:
-            t.add_row(r.mode, str(r.draft_max), str(r.parallel), r.verify, f"{r.tok_s:.1f}", f"{r.speedup:.2f}x",
+            t.add_row(r.mode, str(r.draft_max), str(r.parallel), r.verify, *((r.draft_vocab,) if show_vocab else ()),
+                      f"{r.tok_s:.1f}", f"{r.speedup:.2f}x",
                       f"{r.acceptance:.1%}" if r.mode != "plain" else "-", f"{r.mean_len:.2f}")
         Console().print(t)
     if plot is not None:

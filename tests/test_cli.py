@@ -112,6 +112,7 @@ def test_no_mtp_and_ngram(model_path, tmp_path: Path) -> None:
         (["generate", "-m", "{nomtp}"], 2, "give a prompt"),
         (["bench", "--draft-max", "3-1"], 2, "draft-max"),
         (["bench", "--verify", "nope"], 2, "verify"),
+        (["bench", "--draft-vocab", "auto,none"], 2, "draft-vocab"),
         (["info", "-m", "missing.gguf"], 1, "model file not found"),
         (["frobnicate"], 2, "No such command"),
     ],
@@ -151,6 +152,12 @@ def test_bench(model_path, tmp_path: Path) -> None:
     assert rows[0]["speedup"] == 1.0 and rows[2]["acceptance"] == 1.0 and rows[2]["mean_len"] > 3
     out = cli("bench", "-m", str(model_path("planted")), "--draft-max", "2", "-n", "8", "-r", "1", cwd=tmp_path)
     assert out.returncode == 0 and "speedup" in out.stdout
+    out = cli("bench", "-m", str(model_path("planted")), "--draft-max", "3", "--draft-vocab", "400,all", "-n", "12",
+              "-r", "1", "--json", cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)["rows"]
+    assert [(r["mode"], r["draft_vocab"]) for r in rows] == [("plain", "-"), ("mtp", "400"), ("mtp", "all")]
+    assert rows[1]["acceptance"] == rows[2]["acceptance"] == 1.0
 
 
 def test_bench_plot(model_path, tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 An MTP draft decode ends in the LM head, a matrix of ``n_vocab`` rows that dwarfs the
 MTP block itself (on a 1024-wide model with 32000 tokens, 2/3 of a one-token draft
-decode on a 2-core CPU; Qwen3.5's 248k vocabulary makes it ~90%). A draft only needs
+decode on a 2-core CPU; Qwen3.5's 248k vocabulary makes the head ~8x larger still). A draft only needs
 the most likely next token, and the target verifies every draft anyway: drafting from a
 subset of the vocabulary is lossless, and costs acceptance only where the target's next
 token lies outside it. :class:`DraftHead` holds a copy of the head's rows for the chosen

@@ -48,6 +48,6 @@ for r in range(rounds):
             pairs[x].append(rate[x] / rate["plain"])
 for x, e in engs.items():
     st = e.stats
-    print(x, "vs plain %.4f" % statistics.median(pairs[x]), "acc %.3f" % (acc[x][0] / max(1, acc[x][1])),
-          "draft ms/step %.3f verify %.3f" % (st.draft_s / st.steps * 1e3, st.verify_s / st.steps * 1e3))
+    print(x, f"vs plain {statistics.median(pairs[x]):.4f}", f"acc {acc[x][0] / max(1, acc[x][1]):.3f}",
+          f"draft ms/step {st.draft_s / st.steps * 1e3:.3f} verify {st.verify_s / st.steps * 1e3:.3f}")
 print("sub/full paired", statistics.median([a / b for a, b in zip(pairs["sub"], pairs["full"], strict=True)]))

@@ -43,6 +43,7 @@ import models  # noqa: E402
 import upstream  # noqa: E402
 
 import llama_mtp as lm  # noqa: E402
+from llama_mtp.cli import parse_draft_vocab  # noqa: E402
 from llama_mtp.speculative import SpeculativeEngine  # noqa: E402
 from llama_mtp.speculative.engine import DRAFT_VOCAB_AUTO  # noqa: E402
 
@@ -340,7 +341,7 @@ def main() -> None:
                     help="layers to offload, both sides (-ngl); default: llama.cpp's (all, on a GPU build)")
     ap.add_argument("--upstream-bin", default=None,
                     help=f"prebuilt llama.cpp drivers (a directory; also ${upstream.ENV_BIN}) instead of building them")
-    ap.add_argument("--draft-vocab", default="auto",
+    ap.add_argument("--draft-vocab", default="auto", type=parse_draft_vocab,
                     help="our engines' draft_vocab: auto (a reduced vocabulary on a CPU), all, or N")
     ap.add_argument("--tag", default="", help="suffix of the result files (compare_upstream-TAG.*), e.g. cuda")
     add_common_args(ap, tokens=128)
@@ -376,7 +377,7 @@ def main() -> None:
         print(f"\n== acceptance ~{tag}% ({path.name}, mtp_noise {spec.mtp_noise}, predicted {predicted:.3f})", flush=True)
         model = lm.Model(path, n_gpu_layers=args.gpu_layers)
         ours = Ours(model, args.threads, args.n_ctx)
-        ours.draft_vocab = draft_vocab_arg(args.draft_vocab)
+        ours.draft_vocab = args.draft_vocab
         cells: dict[str, Cell] = {"plain": Cell(), **{f"k{k}": Cell() for k in ks}}
         try:
             ours.run(prompt, 16, 0)
@@ -522,16 +523,7 @@ def markdown(r: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def draft_vocab_arg(value: str) -> int | str | None:
-    """--draft-vocab: 'auto', 'all' (None: the whole vocabulary) or a positive integer."""
-    if value in ("auto", "all"):
-        return None if value == "all" else value
-    if not value.isdigit() or int(value) < 1:
-        sys.exit(f"--draft-vocab: {value!r} is not auto, all or a positive integer")
-    return int(value)
-
-
-def draft_vocab_line(dv: str | None) -> str:
+def draft_vocab_line(dv: int | str | None) -> str:
     if dv in (None, "all"):
         return "the whole vocabulary, as upstream's"
     if dv == "auto":

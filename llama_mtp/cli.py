@@ -143,12 +143,9 @@ def generate(model: str | None, prompt: str | None, prompt_file: str | None, max
         if not draft_max.isdigit() or not 0 <= int(draft_max) <= 64:
             raise click.BadParameter(f"{draft_max!r} is not 'auto' or an integer in 0..64", param_hint="--draft-max")
         dmax = int(draft_max)
-    dvocab: int | str | None = {"auto": "auto", "all": None}.get(draft_vocab, draft_vocab)
-    if isinstance(dvocab, str) and dvocab != "auto":
-        if not dvocab.isdigit() or int(dvocab) < 1:
-            raise click.BadParameter(f"{draft_vocab!r} is not 'auto', 'all' or a positive integer",
-                                     param_hint="--draft-vocab")
-        dvocab = int(dvocab)
+    dvocabs = _draft_vocabs(draft_vocab)
+    if len(dvocabs) != 1:
+        raise click.BadParameter(f"{draft_vocab!r}: one value (auto, all or N)", param_hint="--draft-vocab")
     if prompt is None and prompt_file is None:
         prompt = "Multi-token prediction" if model is None else None
         if prompt is None:
@@ -167,7 +164,7 @@ def generate(model: str | None, prompt: str | None, prompt_file: str | None, max
     kw: dict[str, Any] = dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                               stop=list(stop), repeat_penalty=repeat_penalty, verify=verify)
     with LLM(path, mtp=mtp, draft_max=dmax, n_ctx=n_ctx, parallel=n_par, threads=threads,  # type: ignore[arg-type]
-             n_gpu_layers=n_gpu_layers, ngram=ngram, draft_vocab=dvocab) as llm:  # type: ignore[arg-type]
+             n_gpu_layers=n_gpu_layers, ngram=ngram, draft_vocab=dvocabs[0]) as llm:  # type: ignore[arg-type]
         if chat:
             texts = [llm.model.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
             inputs: list[Any] = [llm.model.tokenize(t, parse_special=True) for t in texts]
@@ -280,6 +277,25 @@ def describe_model(path: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------- bench
 
 
+def parse_draft_vocab(value: str) -> int | str | None:
+    """A ``--draft-vocab`` value: ``"auto"``, ``"all"`` (None: the whole vocabulary) or a
+    positive integer; ValueError otherwise."""
+    value = value.strip()
+    if value in ("auto", "all"):
+        return None if value == "all" else value
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{value!r} is not auto, all or a positive integer")
+    return int(value)
+
+
+def _draft_vocabs(value: str) -> list[int | str | None]:
+    """``--draft-vocab`` as a comma-separated list (click's BadParameter where one is wrong)."""
+    try:
+        return [parse_draft_vocab(v) for v in value.split(",")]
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--draft-vocab") from None
+
+
 def _int_list(value: str, name: str, allow_auto: bool = False) -> list[Any]:
     out: list[Any] = []
     for part in value.split(","):
@@ -334,15 +350,7 @@ def bench(model: str | None, draft_max: str, parallel: str, n_tokens: int, repea
         bad = [v for v in verifies if v not in ("auto", "greedy", "match", "rejection")]
         if bad or not verifies:
             raise click.BadParameter(f"unknown mode(s) {bad}; use greedy, match, rejection", param_hint="--verify")
-    vocabs: list[int | str | None] = []
-    for v in (x.strip() for x in draft_vocab.split(",")):
-        if v in ("auto", "all"):
-            vocabs.append(None if v == "all" else v)
-        elif v.isdigit() and int(v) >= 1:
-            vocabs.append(int(v))
-        else:
-            raise click.BadParameter(f"{v!r}: use auto, all or a positive integer, e.g. auto,all",
-                                     param_hint="--draft-vocab")
+    vocabs = _draft_vocabs(draft_vocab)
     if plot is not None:
         try:
             import matplotlib  # noqa: F401
@@ -371,7 +379,7 @@ def bench(model: str | None, draft_max: str, parallel: str, n_tokens: int, repea
         from rich.table import Table
 
         t = Table(title=f"{name}: {n_tokens} tokens/sequence, T={temp}, median of {repeat}")
-        show_vocab = len(vocabs) > 1 or vocabs != ["auto"]  # a column only where it was chosen
+        show_vocab = vocabs != ["auto"]  # a column only where it was chosen
         for col in ("mode", "draft", "parallel", "verify", *(("vocab",) if show_vocab else ()), "tok/s", "speedup",
                     "acceptance", "mean len"):
             t.add_column(col, justify="right" if col not in ("mode", "verify", "vocab") else "left")

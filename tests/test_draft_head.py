@@ -238,3 +238,22 @@ def test_a_sidecar_mtp_model_drafts_from_its_own_head(model_path, tmp_path: Path
         got = run(eng, [prompt], 30)[0]
         assert eng.stats.spec.draft_n_accepted > 0
     assert_greedy_matches(got, reference(path, tuple(prompt), 30))
+
+
+def test_auto_falls_back_to_the_full_head_where_rows_cannot_be_copied(model_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the head cannot be copied (a scaled or repacked head), "auto" drafts from the
+    whole vocabulary; an explicit draft_vocab says why instead."""
+    from llama_mtp.speculative import mtp as mtp_mod
+
+    def refuse(*a: object, **kw: object) -> None:
+        raise lm.MTPUnavailableError("the LM head's weights are repacked for this CPU")
+
+    model = _model(str(model_path("planted")))
+    monkeypatch.setattr(engine_mod, "DRAFT_VOCAB_AUTO", 300)
+    monkeypatch.setattr(mtp_mod, "DraftHead", refuse)
+    with SpeculativeEngine(model, n_ctx=64, draft_max=2, sampling=GREEDY) as eng:
+        assert eng.drafter is not None and eng.drafter.head is None
+        prompt = model.tokenize(PROMPTS[0])
+        assert_greedy_matches(run(eng, [prompt], 12)[0], reference(str(model_path("planted")), tuple(prompt), 12))
+    with pytest.raises(lm.MTPUnavailableError, match="repacked"):
+        SpeculativeEngine(model, n_ctx=64, draft_max=2, draft_vocab=300)

@@ -24,12 +24,11 @@ token the output of plain decoding, whatever the drafts were.
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -37,7 +36,7 @@ import numpy.typing as npt
 from .. import _native
 from ..batch import Batch
 from ..context import Checkpoint, Context
-from ..errors import ClosedError, LlamaError, MTPUnavailableError
+from ..errors import ClosedError, LlamaError
 from ..model import Model
 from ..params import ContextParams, SamplingParams, SpecParams
 from ..sampling import Sampler
@@ -49,8 +48,6 @@ from .verify import verify_greedy, verify_match, verify_rejection
 
 if TYPE_CHECKING:
     from typing_extensions import Self
-
-_log = logging.getLogger("llama_mtp")
 
 __all__ = ["AUTO_DRAFT_CAP", "DRAFT_VOCAB_AUTO", "ContextLengthError", "SequenceState", "SpeculativeEngine", "StepEvent"]
 
@@ -311,8 +308,13 @@ class SpeculativeEngine:
             self.n_ctx_seq = self.target.n_ctx_seq
             self.drafter: MTPDrafter | None = None
             if mtp:
-                self.drafter = self._make_drafter(model, mtp_model, draft_vocab, n_ctx=n_ctx * max_sequences,
-                                                  n_seq_max=max_sequences, n_batch=n_batch, params=base)
+                auto_vocab = draft_vocab == "auto"
+                if auto_vocab:  # a reduced vocabulary where the head runs on the CPU
+                    draft_vocab = DRAFT_VOCAB_AUTO if not (mtp_model or model).offloads else None
+                self.drafter = MTPDrafter(model, n_ctx=n_ctx * max_sequences, n_seq_max=max_sequences,
+                                          n_batch=n_batch, params=base, mtp_model=mtp_model,
+                                          draft_vocab=draft_vocab,  # type: ignore[arg-type]
+                                          head_required=not auto_vocab)
         except BaseException:
             self.target.close()
             raise
@@ -340,21 +342,6 @@ class SpeculativeEngine:
             except BaseException:
                 self.close()
                 raise
-
-    @staticmethod
-    def _make_drafter(model: Model, mtp_model: Model | None, draft_vocab: int | Literal["auto"] | None,
-                      **kw: Any) -> MTPDrafter:
-        if draft_vocab == "auto":
-            head = mtp_model or model
-            draft_vocab = DRAFT_VOCAB_AUTO if not head.offloads else None
-            try:
-                return MTPDrafter(model, mtp_model=mtp_model, draft_vocab=draft_vocab, **kw)
-            except MTPUnavailableError as e:
-                if draft_vocab is None:
-                    raise
-                _log.info("reduced draft vocabulary unavailable (%s); drafting from the whole vocabulary", e)
-                draft_vocab = None
-        return MTPDrafter(model, mtp_model=mtp_model, draft_vocab=draft_vocab, **kw)
 
     def _other_target(self) -> Context | None:
         """A target context with the other rollback mode (snapshots of draft_max tokens, or

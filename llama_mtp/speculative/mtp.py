@@ -19,6 +19,7 @@ All drafting sequences share **one MTP-context decode per draft position**.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,8 @@ from ..errors import LlamaError, MTPUnavailableError
 from ..model import Model
 from ..params import ContextParams
 from ..sampling import Distribution, Sampler
+
+_log = logging.getLogger("llama_mtp")
 
 __all__ = ["DRAFT_VOCAB_GROW", "Draft", "DraftRequest", "MTPDrafter"]
 
@@ -96,6 +99,7 @@ class MTPDrafter:
         params: ContextParams | None = None,
         mtp_model: Model | None = None,
         draft_vocab: int | None = None,
+        head_required: bool = True,
     ) -> None:
         head = mtp_model or model
         head.require_mtp()
@@ -123,7 +127,8 @@ class MTPDrafter:
         #: carried the queued catch-up rows -- what a drafting step's first MTP decode costs
         self.first_timing: tuple[int, float] | None = None
         self.shadow_predictions: list[tuple[int, int, int]] = []  # last flush(shadow=...)'s guesses
-        #: the reduced draft vocabulary (None: the full LM head, inside the MTP decode)
+        #: the reduced draft vocabulary (None: the full LM head, inside the MTP decode); where
+        #: its rows cannot be copied, ``head_required=False`` drafts from the full head instead
         self.head: DraftHead | None = None
         if draft_vocab is not None and draft_vocab < head.n_vocab:
             try:
@@ -131,6 +136,11 @@ class MTPDrafter:
                 self.head = DraftHead(head, first_ids, capacity=min(head.n_vocab, max(1, draft_vocab) + DRAFT_VOCAB_GROW),
                                       n_threads=self.ctx.n_threads[0])  # a few rows: llama.cpp's one-token thread count
                 # drafts are decoded without outputs: no logits, the decode skips the full head
+            except MTPUnavailableError as e:
+                if head_required:
+                    self.ctx.close()
+                    raise
+                _log.info("reduced draft vocabulary unavailable (%s); drafting from the whole vocabulary", e)
             except BaseException:
                 self.ctx.close()
                 raise
@@ -149,21 +159,22 @@ class MTPDrafter:
         """Give the reduced draft vocabulary the rows of ``tokens`` it lacks (while it has room)."""
         h = self.head
         if h is not None and h.room:
-            c = h._col
-            new = [t for t in tokens if c[t] < 0]
+            new = [t for t in tokens if t not in h]
             if new:
                 h.add(new)
 
-    def _rows(self, idx: slice) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
-        """(logits, hidden rows) of the last decode's draft rows ``idx`` (batch entries).
-        Logits are over the draft vocabulary: :meth:`_token` maps a column to its token."""
+    def _rows(self, idx: slice | npt.NDArray[np.intp]) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        """(logits, hidden rows) of the last decode's read rows ``idx`` (batch entries: its
+        outputs, where the full head made logits). Logits are over the draft vocabulary:
+        :meth:`_token` maps columns to tokens."""
         hid = self.ctx.hidden_all()[idx]  # a row for every entry (see Context.set_hidden_output)
         if self.head is None:  # logits of the outputs, in batch order
             return self.ctx.logits_all(), hid
         return self.head.logits(hid), hid
 
-    def _token(self, col: int) -> int:
-        return col if self.head is None else int(self.head._ids[col])
+    def _token(self, col: Any) -> Any:
+        """The token(s) of draft-vocabulary column(s) ``col``."""
+        return col if self.head is None else self.head.to_ids(col)
 
     def _full_row(self, row: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """A row of the draft vocabulary as a vocabulary-wide row (-inf elsewhere)."""
@@ -235,8 +246,7 @@ class MTPDrafter:
             q.tokens.append(int(tokens[i]))
             q.hidden.append(np.array(hidden[i], dtype=np.float32))
         q.next_pos = max(q.next_pos, pos0 + len(tokens))
-        if skip < len(tokens):
-            self.learn(q.tokens[len(q.tokens) - (len(tokens) - skip):])
+        self.learn(q.tokens[len(q.tokens) - max(0, len(tokens) - skip):])
 
     def skip(self, seq: int, keep: int) -> int:
         """Drop all but the last ``keep`` queued catch-up rows of ``seq``; returns how many
@@ -299,10 +309,7 @@ class MTPDrafter:
             self.ctx.decode(self.batch)
             if shadow and self._shadow_at:
                 outs = np.asarray(self._shadow_at)
-                if self.head is None:
-                    guess = np.argmax(self.ctx.logits_all(), axis=1)
-                else:
-                    guess = self.head.to_ids(np.argmax(self.head.logits(self.ctx.hidden_all()[outs]), axis=1))
+                guess = self._token(np.argmax(self._rows(outs)[0], axis=1))
                 for j, g in zip(outs, guess, strict=True):
                     self.shadow_predictions.append(
                         (int(self.batch.seq[j, 0]), int(self.batch.pos[j]), int(g)))
@@ -380,7 +387,7 @@ class MTPDrafter:
                     d.q.append(dist)
                 else:
                     col = int(np.argmax(row))
-                    tok = self._token(col)
+                    tok = int(self._token(col))
                 if r.p_min > 0.0:
                     top = np.partition(row, len(row) - TOP_K_P)[len(row) - TOP_K_P:] if len(row) > TOP_K_P else row
                     p = float(np.exp(row[col] - top.max()) / np.exp(top - top.max()).sum())

@@ -128,12 +128,14 @@ _VERIFY = click.Choice(["auto", "greedy", "match", "rejection"])
 @click.option("--draft-vocab", default="auto", show_default=True,
               help="tokens a draft may propose: auto (a reduced vocabulary on a CPU), all, or N (the first N ids "
                    "plus the tokens the text brings)")
+@click.option("--recalibrate", is_flag=True,
+              help="measure decode costs again for --draft-max auto (else reused from the cache after the first run)")
 @click.option("-v", "--verbose", is_flag=True, help="show llama.cpp's log")
 def generate(model: str | None, prompt: str | None, prompt_file: str | None, max_tokens: int, temp: float, top_k: int,
              top_p: float, min_p: float, repeat_penalty: float, seed: int | None, stop: tuple[str, ...],
              draft_max: str, mtp: bool, ngram: bool, verify: str, parallel: int | None, chat: bool,
              stream: bool | None, as_json: bool, n_ctx: int, threads: int | None, n_gpu_layers: int | None,
-             draft_vocab: str, verbose: bool) -> None:
+             draft_vocab: str, recalibrate: bool, verbose: bool) -> None:
     """Generate text, with MTP speculative decoding."""
     _setup_logging(verbose)
     from .generate import LLM
@@ -164,7 +166,13 @@ def generate(model: str | None, prompt: str | None, prompt_file: str | None, max
     kw: dict[str, Any] = dict(temperature=temp, top_k=top_k, top_p=top_p, min_p=min_p, seed=seed,
                               stop=list(stop), repeat_penalty=repeat_penalty, verify=verify)
     with LLM(path, mtp=mtp, draft_max=dmax, n_ctx=n_ctx, parallel=n_par, threads=threads,  # type: ignore[arg-type]
-             n_gpu_layers=n_gpu_layers, ngram=ngram, draft_vocab=dvocabs[0]) as llm:  # type: ignore[arg-type]
+             n_gpu_layers=n_gpu_layers, ngram=ngram, draft_vocab=dvocabs[0],  # type: ignore[arg-type]
+             recalibrate=recalibrate) as llm:
+        t_engine = time.perf_counter()
+        engine = llm.engine  # made here, so that its one-time calibration is reported apart
+        if engine.calibration == "measured":
+            click.echo(f"llama-mtp: measured this machine's decode costs for --draft-max auto in "
+                       f"{time.perf_counter() - t_engine:.1f} s (once per model and settings: cached)", err=True)
         if chat:
             texts = [llm.model.apply_chat_template([{"role": "user", "content": p}]) for p in prompts]
             inputs: list[Any] = [llm.model.tokenize(t, parse_special=True) for t in texts]

@@ -104,6 +104,7 @@ class LLM:
         verify: Verify = "auto",
         n_batch: int | None = None,
         draft_vocab: int | Literal["auto"] | None = "auto",
+        recalibrate: bool = False,
     ) -> None:
         if model_path is None:
             from .demo import demo_model_path
@@ -128,6 +129,7 @@ class LLM:
         self.params = ContextParams(n_threads=threads, flash_attn=flash_attn)
         self.n_batch = n_batch
         self.draft_vocab = draft_vocab
+        self.recalibrate = recalibrate
         self._engine: SpeculativeEngine | None = None
 
     # ------------------------------------------------------------ lifecycle
@@ -139,7 +141,7 @@ class LLM:
                 self.model, max_sequences=self.parallel, n_ctx=self.n_ctx, draft_max=self.draft_max,
                 draft_cap=self.draft_cap,
                 mtp=self.mtp, mtp_model=self.mtp_model, params=self.params, n_batch=self.n_batch,
-                draft_vocab=self.draft_vocab,
+                draft_vocab=self.draft_vocab, recalibrate=self.recalibrate,
             )
         return self._engine
 

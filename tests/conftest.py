@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,27 @@ MODELS = {
     "trunk": {"trunk_scale": 1.0},                   # history matters (recurrent state + attention)
     "nomtp": {"mtp": False},                         # a qwen35 without MTP layers
 }
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Nothing the tests run lands in the user's cache (demo models, calibrations of the
+    CLI's subprocesses): one cache directory for the session."""
+    d = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LLAMA_MTP_CACHE_DIR", str(d))
+        yield d
+
+
+@pytest.fixture(autouse=True)
+def calibration_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test its own, empty calibration cache in this process: engines measure at
+    birth as a new install's first run does."""
+    from llama_mtp.speculative import calibration
+
+    root = tmp_path_factory.mktemp("calibration")
+    monkeypatch.setattr(calibration, "cache_root", lambda: root)
+    return root
 
 
 @pytest.fixture(scope="session")

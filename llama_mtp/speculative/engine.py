@@ -24,11 +24,12 @@ token the output of plain decoding, whatever the drafts were.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -40,6 +41,7 @@ from ..errors import ClosedError, LlamaError
 from ..model import Model
 from ..params import ContextParams, SamplingParams, SpecParams
 from ..sampling import Sampler
+from . import calibration
 from .mtp import DraftRequest, MTPDrafter
 from .ngram import NgramDrafter
 from .policy import Acceptance, Candidate, DraftPolicy
@@ -52,6 +54,8 @@ if TYPE_CHECKING:
 __all__ = ["AUTO_DRAFT_CAP", "DRAFT_VOCAB_AUTO", "ContextLengthError", "SequenceState", "SpeculativeEngine", "StepEvent"]
 
 FinishReason = Literal["stop", "length", "removed"]
+
+_log = logging.getLogger("llama_mtp")
 
 #: The longest draft ``draft_max="auto"`` may choose unless ``draft_cap`` says otherwise.
 #: With ``rollback="snapshots"`` it also sizes the recurrent-state snapshots (``n_rs_seq``)
@@ -251,6 +255,7 @@ class SpeculativeEngine:
         sampling: SamplingParams | None = None,
         rollback: Literal["auto", "snapshots", "checkpoint"] = "auto",
         draft_vocab: int | Literal["auto"] | None = "auto",
+        recalibrate: bool = False,
     ) -> None:
         if isinstance(max_sequences, bool) or not isinstance(max_sequences, int) or max_sequences < 1:
             raise ValueError(f"max_sequences must be a positive integer, got {max_sequences!r}")
@@ -269,6 +274,12 @@ class SpeculativeEngine:
             raise ValueError(f"draft_vocab must be 'auto', None or a positive integer, got {draft_vocab!r}")
         self._closed = False
         self.model = model
+        self._recalibrate = bool(recalibrate)
+        self._mtp_model = mtp_model
+        #: where the adaptive policy's starting costs came from: "measured" (this engine timed
+        #: its decode shapes), "cached" (a calibration of this machine, model and settings from
+        #: the cache), None (nothing calibrated: no draft_max="auto" sequence yet, or no MTP)
+        self.calibration: Literal["measured", "cached"] | None = None
         self.default_spec = spec or SpecParams(draft_max=draft_max)
         self.default_sampling = sampling or SamplingParams()
         draft_max = cap  # from here on: the longest draft any sequence may verify
@@ -276,6 +287,8 @@ class SpeculativeEngine:
         self.policy = DraftPolicy(draft_max)
         #: see EAGER_IDLE (0: every idle sequence queues its catch-up rows)
         self.eager_idle = EAGER_IDLE
+        #: see EAGER_RATIO
+        self.eager_ratio = EAGER_RATIO
         self._acc_pool = Acceptance(max(1, draft_max))  # every sequence's MTP verifies: new sequences' prior
         self._last_fails = 0  # the probe backoff of the sequence that finished last
         self._clock = 0  # steps run (the engine's own count: stats may be replaced)
@@ -659,18 +672,76 @@ class SpeculativeEngine:
             self.drafter.ctx.interrupt()
 
     def _calibrate(self) -> None:
-        """Measure the decode costs the adaptive policy starts from, once, while every
-        sequence slot is free: target decodes of one and of all sequences with 1 ..
-        draft_max + 1 rows each, MTP draft decodes of 1 .. max_sequences outputs.
-        The slots are emptied again."""
+        """Set the decode costs the adaptive policy starts from, once, while every sequence
+        slot is free: from the calibration cache (:mod:`.calibration`) where this machine,
+        model and settings were measured before, else measured now (:meth:`_measure`) and
+        cached. ``calibration`` says which."""
         self._calibrated = True
-        free = 0
         if self._seqs or self.drafter is None or self.draft_max == 0:
             return
+        material = self._calibration_material()
+        costs = None if self._recalibrate else calibration.load(material)
+        if costs is not None:
+            self._apply_costs(costs)
+            self.calibration = "cached"
+            return
+        t0 = time.perf_counter()
+        costs = self._measure()
+        self._apply_costs(costs)
+        self.calibration = "measured"
+        # a measurement without the other mode's curves (no room for its context now) is
+        # not kept: room is the moment's, the curves are the machine's
+        complete = costs["alt"] is not None or not material["alt"]
+        where = calibration.store(material, costs) if complete else None
+        _log.info("measured decode costs for draft_max='auto' in %.1f s%s", time.perf_counter() - t0,
+                  f" (cached: {where})" if where is not None else "")
+
+    def _calibration_material(self) -> dict[str, object]:
+        """Everything that shapes the calibrated costs: the machine, the model files, the
+        target's parameters (threads as resolved), the draft head, the engine's layout."""
+        d = self.drafter
+        assert d is not None
+        return {
+            "machine": calibration.machine(),
+            "model": calibration.file_identity(self.model.path), "model_params": self.model.params.as_dict(),
+            "mtp_model": calibration.file_identity(m.path) if (m := self._mtp_model) is not None else None,
+            "mtp_model_params": m.params.as_dict() if m is not None else None,
+            "target": self._target_params.as_dict(), "threads": list(self.target.n_threads),
+            "draft_vocab": d.draft_vocab, "max_sequences": self.max_sequences, "draft_max": self.draft_max,
+            "batch": self._batch.capacity, "rollback": self.rollback, "replays": self.policy.replays,
+            "split": self.policy.costs.split, "alt": self.policy.alt is not None,
+            "alt_replays": self.policy.alt_replays,
+        }
+
+    def _apply_costs(self, costs: dict[str, Any]) -> None:
+        """Start the policy's cost model from a calibration (:func:`.calibration.valid`)."""
+        c = self.policy.costs
+        for n_seqs, pts in costs["verify"].items():
+            c.verify.calibrate(int(n_seqs), [(int(r), float(t)) for r, t in pts])
+        c.draft.calibrate([(int(n), float(t)) for n, t in costs["draft"]])
+        if costs.get("save") is not None:
+            c.save, c.restore = float(costs["save"]), float(costs["restore"])
+        alt, got = self.policy.alt, costs.get("alt")
+        if alt is not None and got is None:  # the measurement found no room for the other mode's context
+            self.policy.stop_switching()
+        elif alt is not None and got is not None:
+            for n_seqs, pts in got["verify"].items():
+                alt.verify.calibrate(int(n_seqs), [(int(r), float(t)) for r, t in pts])
+            if got.get("save") is not None:
+                alt.save, alt.restore = float(got["save"]), float(got["restore"])
+
+    def _measure(self) -> dict[str, Any]:
+        """Measure the decode costs: target decodes of one and of all sequences with 1 ..
+        draft_max + 1 rows each, MTP draft decodes of 1 .. max_sequences outputs, checkpoint
+        saves and restores where drafts replay, the other rollback mode's curves. The
+        slots are emptied again."""
+        free = 0
         tok = 0
         b = self._batch
         mem = self.target.memory
         d = self.drafter
+        assert d is not None
+        out: dict[str, Any] = {"save": None, "restore": None, "alt": None}
 
         # every shape is decoded once untimed (on a GPU the first decode of a shape pays for
         # its CUDA graph and buffers: an H200 timed a cold 1-row verify at 8 ms, a warm one at
@@ -718,18 +789,19 @@ class SpeculativeEngine:
             for n in counts:
                 runs["draft", n, 1] = functools.partial(draft, n)
             best = best_of(runs)
-            for n_seqs, shapes in layouts.items():
-                self.policy.costs.verify.calibrate(n_seqs, [(n * per, best["verify", n, per]) for n, per in shapes])
-            self.policy.costs.draft.calibrate([(n, best["draft", n, 1]) for n in counts])
+            out["verify"] = {str(n_seqs): [[n * per, best["verify", n, per]] for n, per in shapes]
+                             for n_seqs, shapes in layouts.items()}
+            out["draft"] = [[n, best["draft", n, 1]] for n in counts]
             if self.policy.replays:  # what a checkpoint draft's save and a rejection's restore cost
-                self.policy.costs.save, self.policy.costs.restore = self._time_checkpoints(self.target)
+                out["save"], out["restore"] = self._time_checkpoints(self.target)
             if self.policy.alt is not None:
-                self._calibrate_alt(layouts, best)
+                out["alt"] = self._measure_alt(layouts, best)
         finally:
             for s in range(self.max_sequences):
                 if s not in self._seqs:
                     mem.seq_rm(s, -1, -1)
                     d.ctx.memory.seq_rm(s, -1, -1)
+        return out
 
     def _time_checkpoints(self, ctx: Context) -> tuple[float, float]:
         """Seconds to save one sequence's recurrent state and to restore it (best of 3);
@@ -746,19 +818,18 @@ class SpeculativeEngine:
             restores.append(time.perf_counter() - t1)
         return min(saves), min(restores)
 
-    def _calibrate_alt(self, layouts: dict[int, list[tuple[int, int]]],
-                       best: dict[tuple[str, int, int], float]) -> None:
+    def _measure_alt(self, layouts: dict[int, list[tuple[int, int]]],
+                     best: dict[tuple[str, int, int], float]) -> dict[str, Any] | None:
         """Price the alternative rollback mode: a context made with the other ``n_rs_seq``
         decodes a few verify shapes next to the target, interleaved, and the ratio (what
         the snapshots tax a decode; it grows with the rows up to draft_max + 1) scales
         the target's calibrated points into the alternative's curves; checkpoint saves
         and restores are timed on it too. The context is kept, emptied, for the first
-        switch (:meth:`_stash`)."""
-        alt = self.policy.alt
-        assert alt is not None
+        switch (:meth:`_stash`). None where there is no room for it (no switching then)."""
         other = self._other_target()
         if other is None:  # no room for a second target context: no switching either
-            return
+            return None
+        out: dict[str, Any] = {"verify": {}, "save": None, "restore": None}
         try:
             probe = {1, self.draft_max + 1}  # the tax grows about linearly in between
             shapes_now = [(n, per) for shapes in layouts.values() for n, per in shapes if per in probe]
@@ -798,14 +869,15 @@ class SpeculativeEngine:
                 if not pts:
                     continue
                 xs, ys = [p for p, _ in pts], [t for _, t in pts]
-                alt.verify.calibrate(n_seqs, [(n * per, best["verify", n, per] * float(np.interp(per, xs, ys)))
-                                              for n, per in shapes])
+                out["verify"][str(n_seqs)] = [[n * per, best["verify", n, per] * float(np.interp(per, xs, ys))]
+                                              for n, per in shapes]
             if self.policy.alt_replays:
-                alt.save, alt.restore = self._time_checkpoints(other)
+                out["save"], out["restore"] = self._time_checkpoints(other)
         except BaseException:
             other.close()
             raise
         self._stash(other)
+        return out if out["verify"] else None
 
     def _switch_rollback(self) -> None:
         """Move every sequence to a new target context with the other rollback mode (the
@@ -1076,7 +1148,7 @@ class SpeculativeEngine:
             ratios = self.policy.steady_ratios([acc for _, acc in stale], self.draft_max, len(live) - 1)
             for (q, _), r in zip(stale, ratios, strict=True):
                 q.eager_ratio, q.eager_at = r, self._clock
-        return [q for q in near if q.acc is None or q.eager_ratio >= EAGER_RATIO]
+        return [q for q in near if q.acc is None or q.eager_ratio >= self.eager_ratio]
 
     def _shadow_evidence(self) -> None:
         """What the MTP head guessed on the catch-up rows of sequences that were not

@@ -1,0 +1,155 @@
+"""A cache of the adaptive policy's calibration: what decodes of each shape cost on this
+machine, with this model and these settings.
+
+An engine with ``draft_max="auto"`` times its decode shapes once at birth (target decodes
+of 1 .. draft_max + 1 rows, MTP draft decodes, checkpoint saves, the other rollback mode's
+tax) -- on a 2-core CPU with a 0.3B model 2.0 s for one sequence and 5.2 s for four, more
+than a 128-token generation takes. The shapes of those curves belong to the hardware, the
+model file and the settings, so they are kept on disk (``<cache dir>/calibration/``, see
+:func:`llama_mtp.demo.cache_dir`) under a key of everything that shapes them, and a later
+engine with the same key starts from them at once. The running policy still refreshes
+every cost from the decodes it runs (and follows the machine's speed: a shared factor
+rescales every curve), exactly as after a fresh calibration.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import math
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CALIBRATION_FORMAT", "cache_root", "calibration_path", "file_identity", "load", "machine", "store", "valid"]
+
+_log = logging.getLogger("llama_mtp")
+
+#: bumped whenever what is measured, or how, changes: older files are then measured again
+CALIBRATION_FORMAT = 1
+
+
+@functools.lru_cache(maxsize=1)
+def machine() -> dict[str, Any]:
+    """What identifies this machine's speed: the build (package version, llama.cpp commit,
+    CPU features, backends), its devices (by name and size, not free memory), the CPU."""
+    from ..info import build_info
+
+    info = build_info()
+    cpu = platform.processor() or platform.machine()
+    try:  # platform.processor() is empty or generic on Linux
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "llama_mtp": info["llama_mtp"],
+        "llama_cpp_commit": info["llama_cpp_commit"],
+        "system_info": info["system_info"],
+        "devices": [(d["name"], d["description"], d["kind"], d["memory_total"]) for d in info["devices"]],
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+    }
+
+
+def file_identity(path: Path) -> dict[str, Any]:
+    """A model file by where it is, its size and when it last changed."""
+    st = path.stat()
+    return {"path": str(path.resolve()), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def cache_root() -> Path:
+    """Where calibrations are kept: ``calibration/`` in :func:`llama_mtp.demo.cache_dir`
+    (``$LLAMA_MTP_CACHE_DIR`` or the user cache)."""
+    from ..demo import cache_dir
+
+    return cache_dir() / "calibration"
+
+
+def calibration_path(material: dict[str, Any]) -> Path:
+    """The cache file for this key material."""
+    blob = json.dumps(material, sort_keys=True, default=str).encode()
+    return cache_root() / f"{hashlib.sha256(blob).hexdigest()[:20]}.json"
+
+
+def _points(x: Any) -> bool:
+    return isinstance(x, list) and len(x) > 0 and all(
+        isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and p[0] > 0
+        and isinstance(p[1], (int, float)) and math.isfinite(p[1]) and p[1] > 0 for p in x)
+
+
+def _seconds(x: Any) -> bool:
+    return x is None or (isinstance(x, (int, float)) and math.isfinite(x) and x >= 0)
+
+
+def _verify(x: Any) -> bool:
+    return isinstance(x, dict) and len(x) > 0 and all(
+        isinstance(k, str) and k.isdigit() and int(k) > 0 and _points(v) for k, v in x.items())
+
+
+def valid(costs: Any) -> bool:
+    """Whether ``costs`` is a calibration an engine can start from (what
+    ``SpeculativeEngine`` measures: target verify curves by sequence count, draft decode
+    points, checkpoint save and restore seconds, and the same for the other rollback
+    mode, or None)."""
+    if not isinstance(costs, dict) or not _verify(costs.get("verify")) or not _points(costs.get("draft")):
+        return False
+    if not (_seconds(costs.get("save")) and _seconds(costs.get("restore"))):
+        return False
+    alt = costs.get("alt")
+    return alt is None or (isinstance(alt, dict) and _verify(alt.get("verify"))
+                           and _seconds(alt.get("save")) and _seconds(alt.get("restore")))
+
+
+def load(material: dict[str, Any]) -> dict[str, Any] | None:
+    """The cached calibration for this key material, or None (none, unreadable, another
+    format, or not one an engine can use: it is measured again and overwritten)."""
+    path = calibration_path(material)
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        _log.info("ignoring the calibration cache %s (%s)", path, e)
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != CALIBRATION_FORMAT:
+        return None
+    # the key is a hash: the material itself must match too (and tells a reader what it is of)
+    if json.loads(json.dumps(material, sort_keys=True, default=str)) != doc.get("material"):
+        return None
+    costs = doc.get("costs")
+    if not valid(costs):
+        _log.info("ignoring the calibration cache %s (not a calibration)", path)
+        return None
+    return costs  # type: ignore[no-any-return]
+
+
+def store(material: dict[str, Any], costs: dict[str, Any]) -> Path | None:
+    """Write a calibration for this key material (atomically: a reader sees the old file
+    or the new one); None where the cache cannot be written (logged, not raised: the
+    engine runs on what it measured)."""
+    path = calibration_path(material)
+    doc = {"format": CALIBRATION_FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+           "material": json.loads(json.dumps(material, sort_keys=True, default=str)), "costs": costs}
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.part")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as e:
+        _log.info("could not write the calibration cache %s (%s)", path, e)
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        return None
+    return path

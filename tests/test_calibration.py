@@ -1,0 +1,211 @@
+"""The calibration cache: an engine with draft_max='auto' measures its decode costs once
+per machine, model and settings, and later engines start from them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import llama_mtp as lm
+from llama_mtp.speculative import SpeculativeEngine, calibration
+
+from helpers import GPU
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    real = lm.Context.decode
+
+    def counting(self: lm.Context, batch: lm.Batch) -> None:
+        calls.append(batch.n_tokens)
+        real(self, batch)
+
+    monkeypatch.setattr(lm.Context, "decode", counting)
+    return calls
+
+
+def _points(eng: SpeculativeEngine) -> dict[str, object]:
+    c = eng.policy.costs
+    out: dict[str, object] = {"verify": {n: dict(v.points) for n, v in c.verify.curves.items()},
+                              "draft": dict(c.draft.points), "save": c.save, "restore": c.restore}
+    if eng.policy.alt is not None:
+        out["alt"] = {n: dict(v.points) for n, v in eng.policy.alt.verify.curves.items()}
+    return out
+
+
+def _engine(model: lm.Model, **kw: object) -> SpeculativeEngine:
+    return SpeculativeEngine(model, max_sequences=2, n_ctx=128, draft_cap=3, **kw)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def noisy(model_path) -> lm.Model:  # type: ignore[no-untyped-def]
+    with lm.Model(model_path("noisy")) as m:
+        yield m  # type: ignore[misc]
+
+
+def test_a_second_engine_starts_from_the_first_ones_calibration(noisy: lm.Model, calibration_cache: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    with _engine(noisy) as a:
+        assert a.calibration == "measured"
+        first = _points(a)
+    files = list(calibration_cache.glob("*.json"))
+    assert len(files) == 1
+    doc = json.loads(files[0].read_text())
+    assert doc["format"] == calibration.CALIBRATION_FORMAT and calibration.valid(doc["costs"])
+    assert doc["material"]["model"]["path"] == str(noisy.path.resolve())
+    calls = _counting(monkeypatch)
+    with _engine(noisy) as b:
+        assert b.calibration == "cached"
+        assert calls == []  # not one decode at birth
+        assert _points(b) == first  # the same starting costs, point for point
+        # and it runs as any engine does: exact greedy output
+        sid = b.add(noisy.tokenize("the model"), max_tokens=8, sampling=lm.SamplingParams.greedy_params())
+        while b.active:
+            b.step()
+        assert len(b.sequence(sid).tokens) == 8
+
+
+@pytest.mark.parametrize("change", ["max_sequences", "threads", "draft_cap", "model_file"])
+def test_other_settings_are_measured_again(noisy: lm.Model, model_path, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                           calibration_cache: Path, change: str) -> None:
+    with _engine(noisy) as a:
+        assert a.calibration == "measured"
+    if change == "model_file":  # a model file that changed (same path, new bytes or mtime)
+        path = tmp_path / "m.gguf"
+        path.write_bytes(Path(model_path("noisy")).read_bytes())
+        with lm.Model(path) as m, _engine(m) as b:
+            assert b.calibration == "measured"
+        st = path.stat()
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        with lm.Model(path) as m, _engine(m) as c:
+            assert c.calibration == "measured"
+        assert len(list(calibration_cache.glob("*.json"))) == 3
+        return
+    kw: dict[str, object] = {"max_sequences": dict(max_sequences=3), "draft_cap": dict(draft_cap=2),
+                             "threads": dict(params=lm.ContextParams(n_threads=1))}[change]
+    base: dict[str, object] = dict(max_sequences=2, n_ctx=128, draft_cap=3)
+    with SpeculativeEngine(noisy, **{**base, **kw}) as b:  # type: ignore[arg-type]
+        assert b.calibration == "measured"
+    assert len(list(calibration_cache.glob("*.json"))) == 2
+
+
+def test_recalibrate_measures_and_refreshes_the_cache(noisy: lm.Model, calibration_cache: Path) -> None:
+    with _engine(noisy) as a:
+        assert a.calibration == "measured"
+    (f,) = calibration_cache.glob("*.json")
+    doc = json.loads(f.read_text())
+    doc["costs"]["draft"] = [[n, 123.0] for n, _ in doc["costs"]["draft"]]  # a calibration we can recognise
+    f.write_text(json.dumps(doc))
+    with _engine(noisy) as b:
+        assert b.calibration == "cached" and b.policy.costs.draft.points[1] == 123.0
+    with _engine(noisy, recalibrate=True) as c:
+        assert c.calibration == "measured" and c.policy.costs.draft.points[1] < 1.0
+    assert json.loads(f.read_text())["costs"]["draft"][0][1] < 1.0
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "negative", "nan", "other_format", "other_material"])
+def test_a_damaged_cache_file_is_measured_again_and_replaced(noisy: lm.Model, calibration_cache: Path,
+                                                             damage: str) -> None:
+    with _engine(noisy):
+        pass
+    (f,) = calibration_cache.glob("*.json")
+    text = f.read_text()
+    doc = json.loads(text)
+    if damage == "garbage":
+        f.write_bytes(b"\x00\xffnot json")
+    elif damage == "truncated":
+        f.write_text(text[: len(text) // 2])
+    elif damage in ("negative", "nan"):
+        doc["costs"]["verify"]["1"][0][1] = -1.0 if damage == "negative" else float("nan")
+        f.write_text(json.dumps(doc))
+    elif damage == "other_format":
+        doc["format"] = calibration.CALIBRATION_FORMAT + 1
+        f.write_text(json.dumps(doc))
+    else:  # a hash collision, or a file copied from elsewhere: the material must match too
+        doc["material"]["max_sequences"] = 99
+        f.write_text(json.dumps(doc))
+    with _engine(noisy) as b:
+        assert b.calibration == "measured"
+    doc = json.loads(f.read_text())
+    assert calibration.valid(doc["costs"]) and doc["material"]["max_sequences"] == 2
+
+
+def test_an_unwritable_cache_costs_nothing_but_the_cache(noisy: lm.Model, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setattr(calibration, "cache_root", lambda: blocker / "calibration")  # under a file: mkdir fails
+    for _ in range(2):
+        with _engine(noisy) as e:
+            assert e.calibration == "measured"
+    assert not any(p.name.endswith(".part") for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.skipif(GPU, reason="offloaded layers keep the snapshots (no switching, no second context)")
+def test_a_measurement_without_room_for_the_other_mode_is_not_kept(noisy: lm.Model, calibration_cache: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """No room for the second target context at birth: no switching for this engine, and
+    nothing cached -- room is the moment's, and the next engine may have it."""
+    import llama_mtp.speculative.engine as engine_mod
+    from llama_mtp.errors import LlamaError
+
+    real_context = engine_mod.Context
+
+    def no_room(model, params=None):  # type: ignore[no-untyped-def]
+        if params is not None and params.n_rs_seq == 0:
+            raise LlamaError("failed to allocate the KV cache")
+        return real_context(model, params)
+
+    with monkeypatch.context() as mp:
+        mp.setattr(engine_mod, "Context", no_room)
+        with _engine(noisy) as a:
+            assert a.calibration == "measured" and a.policy.alt is None
+    assert list(calibration_cache.glob("*.json")) == []
+    with _engine(noisy) as b:
+        assert b.calibration == "measured" and b.policy.alt is not None
+    assert len(list(calibration_cache.glob("*.json"))) == 1
+
+
+def test_the_cli_says_when_it_measures(model_path, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    def gen(*extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "llama_mtp", "generate", "-m", str(model_path("planted")),
+                               "-p", "the model", "-n", "8", "--temp", "0", *extra], capture_output=True, text=True,
+                              timeout=300, cwd=tmp_path, env={**os.environ, "LLAMA_MTP_CACHE_DIR": str(tmp_path)})
+    runs = [gen(), gen(), gen("--recalibrate")]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    said = ["measured this machine's decode costs" in r.stderr for r in runs]
+    assert said == [True, False, True]
+    assert len(list((tmp_path / "calibration").glob("*.json"))) == 1
+
+
+def test_nothing_is_calibrated_or_cached_without_auto(noisy: lm.Model, calibration_cache: Path) -> None:
+    for kw in (dict(draft_max=3), dict(draft_max=0), dict(mtp=False)):
+        with SpeculativeEngine(noisy, max_sequences=1, n_ctx=128, **kw) as e:  # type: ignore[arg-type]
+            assert e.calibration is None
+    assert list(calibration_cache.glob("*")) == []
+
+
+@pytest.mark.parametrize("bad", [None, [], {"verify": {}, "draft": [[1, 0.1]]},
+                                 {"verify": {"1": [[1, 0.1]]}, "draft": [[0, 0.1]]},
+                                 {"verify": {"x": [[1, 0.1]]}, "draft": [[1, 0.1]]},
+                                 {"verify": {"1": [[1, 0.1]]}, "draft": [[1, 0.1]], "save": -1},
+                                 {"verify": {"1": [[1, 0.1]]}, "draft": [[1, 0.1]], "alt": {"verify": {}}},
+                                 {"verify": {"1": [[1.5, 0.1]]}, "draft": [[1, 0.1]]}])
+def test_valid_refuses_what_an_engine_cannot_start_from(bad: object) -> None:
+    assert not calibration.valid(bad)
+    assert calibration.valid({"verify": {"1": [[1, 0.1]]}, "draft": [[1, 0.1]], "save": None, "restore": None,
+                              "alt": None})
+
+
+def test_the_cache_lives_in_the_package_cache_dir(tmp_path: Path) -> None:
+    code = "from llama_mtp.speculative import calibration; print(calibration.cache_root())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "LLAMA_MTP_CACHE_DIR": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert Path(out.stdout.strip()) == tmp_path / "calibration"

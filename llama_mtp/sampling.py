@@ -88,16 +88,20 @@ class Sampler:
         p = self.params
         if p.temperature == 0.0:
             return np.array([int(np.argmax(x))], dtype=np.int64), np.ones(1)
-        n = x.shape[0]
         finite = np.isfinite(x)
+        # the candidates: the finite logits only -- numpy's partition slows down ~50x on
+        # many equal values (a reduced draft head's row is -inf outside its 8192 tokens:
+        # 4.1 ms against 0.08 ms on 32000 logits, three times a step at k = 3)
+        cand = None if finite.all() else np.flatnonzero(finite)
+        if cand is not None and len(cand) == 0:  # everything banned: fall back to the raw argmax
+            return np.array([int(np.argmax(logits))], dtype=np.int64), np.ones(1)
+        n = x.shape[0] if cand is None else len(cand)
         if p.top_k > 0 and p.top_k < n:
-            ids = np.argpartition(x, n - p.top_k)[n - p.top_k:].astype(np.int64)
+            top = np.argpartition(x if cand is None else x[cand], n - p.top_k)[n - p.top_k:]
+            # in token order: the partition's order is its own, and the draw must not depend on it
+            ids = np.sort(top if cand is None else cand[top]).astype(np.int64)
         else:
-            ids = np.arange(n, dtype=np.int64)
-        if not finite.all():
-            ids = ids[finite[ids]]
-            if len(ids) == 0:  # everything banned: fall back to the raw argmax
-                return np.array([int(np.argmax(logits))], dtype=np.int64), np.ones(1)
+            ids = np.arange(n, dtype=np.int64) if cand is None else cand.astype(np.int64)
         vals = x[ids].astype(np.float64)
         if p.top_p < 1.0 or p.min_p > 0.0:
             order = np.argsort(-vals, kind="stable")

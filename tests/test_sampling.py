@@ -87,6 +87,29 @@ def test_nonfinite_logits() -> None:
     assert ids.tolist() == [4] and p.tolist() == [1.0]
 
 
+@pytest.mark.parametrize("kw", [dict(), dict(top_k=3), dict(top_k=40), dict(top_p=0.8), dict(min_p=0.2),
+                                dict(top_k=4, top_p=0.9, min_p=0.05, temperature=0.7)])
+def test_a_masked_row_samples_as_its_finite_part(kw: dict) -> None:  # type: ignore[type-arg]
+    """A reduced draft head's row over the whole vocabulary is -inf outside its tokens:
+    the distribution is that of the finite part, token ids in ascending order (what a
+    draw maps the uniform onto must not hang on numpy's partition order), and the same
+    whichever tokens are masked around it."""
+    rng = np.random.default_rng(5)
+    n, keep = 200, np.sort(rng.choice(200, size=60, replace=False))
+    finite = rng.standard_normal(60).astype(np.float32)
+    row = np.full(n, -np.inf, dtype=np.float32)
+    row[keep] = finite
+    big = Sampler(lm.SamplingParams(**{**dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1), **kw}), n)
+    small = Sampler(lm.SamplingParams(**{**dict(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=1), **kw}), 60)
+    ids, p = big.distribution(row)
+    ids2, p2 = small.distribution(finite)
+    assert np.all(np.diff(ids) > 0) or kw.get("top_p", 1.0) < 1.0 or kw.get("min_p", 0.0) > 0.0
+    assert sorted(ids.tolist()) == sorted(keep[ids2].tolist())
+    np.testing.assert_allclose(dense((ids, p), n)[keep], dense((ids2, p2), 60), rtol=1e-12, atol=1e-15)
+    # the same seed draws the same token from either
+    assert [big.sample(row) for _ in range(20)] == [int(keep[small.sample(finite)]) for _ in range(20)]
+
+
 @pytest.mark.parametrize("bad", [dict(temperature=-0.1), dict(top_p=1.5), dict(min_p=-1), dict(top_k=-1),
                                  dict(temperature=float("nan")), dict(seed=-1), dict(logit_bias={1: float("nan")}),
                                  dict(logit_bias={-1: 1.0})])

@@ -10,11 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import GPU
 
 import llama_mtp as lm
 from llama_mtp.speculative import SpeculativeEngine, calibration
-
-from helpers import GPU
 
 
 def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -182,6 +181,39 @@ def test_the_cli_says_when_it_measures(model_path, tmp_path: Path) -> None:  # t
     said = ["measured this machine's decode costs" in r.stderr for r in runs]
     assert said == [True, False, True]
     assert len(list((tmp_path / "calibration").glob("*.json"))) == 1
+
+
+def test_a_model_file_gone_since_it_was_loaded_is_measured_and_not_kept(model_path, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                                        calibration_cache: Path) -> None:
+    path = tmp_path / "gone.gguf"
+    path.write_bytes(Path(model_path("noisy")).read_bytes())
+    with lm.Model(path) as m:
+        path.unlink()  # the model stays mapped; its file identity cannot be read
+        with _engine(m) as e:
+            assert e.calibration == "measured"
+    assert list(calibration_cache.glob("*")) == []
+
+
+def test_engines_made_at_once_in_threads_leave_one_valid_file(noisy: lm.Model, calibration_cache: Path) -> None:
+    import threading
+
+    errors: list[BaseException] = []
+
+    def make() -> None:
+        try:
+            with _engine(noisy):
+                pass
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=make) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    files = list(calibration_cache.iterdir())
+    assert len(files) == 1 and calibration.valid(json.loads(files[0].read_text())["costs"])
 
 
 def test_nothing_is_calibrated_or_cached_without_auto(noisy: lm.Model, calibration_cache: Path) -> None:

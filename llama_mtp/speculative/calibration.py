@@ -21,6 +21,7 @@ import logging
 import math
 import os
 import platform
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -139,17 +140,19 @@ def store(material: dict[str, Any], costs: dict[str, Any]) -> Path | None:
     path = calibration_path(material)
     doc = {"format": CALIBRATION_FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
            "material": json.loads(json.dumps(material, sort_keys=True, default=str)), "costs": costs}
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.part")
+    tmp: str | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
+        fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".part", dir=path.parent)
+        with open(fd, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=1, sort_keys=True)
         os.replace(tmp, path)
     except OSError as e:
         _log.info("could not write the calibration cache %s (%s)", path, e)
-        try:
-            tmp.unlink()
-        except OSError:
-            pass
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
         return None
     return path

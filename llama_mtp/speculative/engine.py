@@ -679,8 +679,12 @@ class SpeculativeEngine:
         self._calibrated = True
         if self._seqs or self.drafter is None or self.draft_max == 0:
             return
-        material = self._calibration_material()
-        costs = None if self._recalibrate else calibration.load(material)
+        try:
+            material: dict[str, Any] | None = self._calibration_material()
+        except OSError as e:  # a model file gone or unreadable since it was loaded: measure, keep nothing
+            _log.info("calibration cache not used: %s", e)
+            material = None
+        costs = None if self._recalibrate or material is None else calibration.load(material)
         if costs is not None:
             self._apply_costs(costs)
             self.calibration = "cached"
@@ -691,12 +695,12 @@ class SpeculativeEngine:
         self.calibration = "measured"
         # a measurement without the other mode's curves (no room for its context now) is
         # not kept: room is the moment's, the curves are the machine's
-        complete = costs["alt"] is not None or not material["alt"]
-        where = calibration.store(material, costs) if complete else None
+        complete = material is not None and (costs["alt"] is not None or not material["alt"])
+        where = calibration.store(material, costs) if complete else None  # type: ignore[arg-type]
         _log.info("measured decode costs for draft_max='auto' in %.1f s%s", time.perf_counter() - t0,
                   f" (cached: {where})" if where is not None else "")
 
-    def _calibration_material(self) -> dict[str, object]:
+    def _calibration_material(self) -> dict[str, Any]:
         """Everything that shapes the calibrated costs: the machine, the model files, the
         target's parameters (threads as resolved), the draft head, the engine's layout."""
         d = self.drafter

@@ -97,7 +97,7 @@ class Sampler:
             return np.array([int(np.argmax(logits))], dtype=np.int64), np.ones(1)
         n = x.shape[0] if cand is None else len(cand)
         if p.top_k > 0 and p.top_k < n:
-            top = np.argpartition(x if cand is None else x[cand], n - p.top_k)[n - p.top_k:]
+            top = _top_k(x if cand is None else x[cand], p.top_k)
             # in token order: the partition's order is its own, and the draw must not depend on it
             ids = np.sort(top if cand is None else cand[top]).astype(np.int64)
         else:
@@ -136,6 +136,24 @@ class Sampler:
 
     def uniform(self) -> float:
         return float(self.rng.random())
+
+
+def _top_k(x: npt.NDArray[np.floating], k: int) -> npt.NDArray[np.intp]:
+    """Indices of the ``k`` largest values of ``x`` (0 < k < len(x)), in no order. A long
+    row is cut first at a threshold taken from every ``len(x) // 1024``-th value, loose
+    enough that ~2k values pass it, and partitioned among those only -- exact whenever at
+    least k pass (else the whole row is partitioned): 0.03 ms instead of 0.36 for 40 of
+    32000 logits, once per sampled token and per verified row."""
+    n = len(x)
+    if n < 2048 or 16 * k > n:
+        return np.argpartition(x, n - k)[n - k:]
+    sample = x[:: n // 1024]
+    m = len(sample)
+    r = min(m, -(-2 * k * m // n) + 4)
+    cand = np.flatnonzero(x >= np.partition(sample, m - r)[m - r])
+    if len(cand) < k:
+        return np.argpartition(x, n - k)[n - k:]
+    return cand[np.argpartition(x[cand], len(cand) - k)[len(cand) - k:]]
 
 
 def _softmax(v: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:

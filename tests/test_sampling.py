@@ -87,6 +87,24 @@ def test_nonfinite_logits() -> None:
     assert ids.tolist() == [4] and p.tolist() == [1.0]
 
 
+@pytest.mark.parametrize("row", ["normal", "peaked", "flat", "ties", "ascending", "few_finite"])
+@pytest.mark.parametrize("k", [1, 40, 500])
+def test_top_k_finds_the_k_largest(row: str, k: int) -> None:
+    """The threshold cut of a long row keeps exactly the k largest values (ties at the
+    boundary: any of them), on rows that defeat a sampled threshold too."""
+    from llama_mtp.sampling import _top_k
+
+    rng = np.random.default_rng(len(row) * 1000 + k)
+    n = 32000
+    x = {"normal": lambda: rng.standard_normal(n), "peaked": lambda: rng.standard_normal(n) * 20,
+         "flat": lambda: np.zeros(n), "ties": lambda: np.repeat(np.arange(100.0), n // 100),
+         "ascending": lambda: np.arange(float(n)),
+         "few_finite": lambda: np.where(rng.random(n) < 0.01, rng.standard_normal(n), -1e30)}[row]().astype(np.float32)
+    got = _top_k(x, k)
+    assert len(got) == k and len(set(got.tolist())) == k
+    np.testing.assert_array_equal(np.sort(x[got]), np.sort(x)[n - k:])
+
+
 @pytest.mark.parametrize("kw", [dict(), dict(top_k=3), dict(top_k=40), dict(top_p=0.8), dict(min_p=0.2),
                                 dict(top_k=4, top_p=0.9, min_p=0.05, temperature=0.7)])
 def test_a_masked_row_samples_as_its_finite_part(kw: dict) -> None:  # type: ignore[type-arg]

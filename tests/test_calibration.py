@@ -237,7 +237,7 @@ def test_valid_refuses_what_an_engine_cannot_start_from(bad: object) -> None:
 
 def test_the_cache_lives_in_the_package_cache_dir(tmp_path: Path) -> None:
     code = "from llama_mtp.speculative import calibration; print(calibration.cache_root())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "LLAMA_MTP_CACHE_DIR": str(tmp_path)})
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "LLAMA_MTP_CACHE_DIR": str(tmp_path)})  # cwd: the installed package
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip()) == tmp_path / "calibration"

@@ -141,3 +141,16 @@ def chi2_two_sample(a: dict, b: dict, min_expected: float = 5.0) -> tuple[float,
         stat += (ca - ea) ** 2 / ea + (cb - eb) ** 2 / eb
     dof = max(1, len(rows) - 1)
     return stat, dof, chi2_sf(stat, dof)
+
+
+def count_decodes(monkeypatch) -> list[int]:  # type: ignore[no-untyped-def]
+    """Every ``Context.decode`` from now on (this test), as its batch's token count."""
+    calls: list[int] = []
+    real = lm.Context.decode
+
+    def counting(self: lm.Context, batch: lm.Batch) -> None:
+        calls.append(batch.n_tokens)
+        real(self, batch)
+
+    monkeypatch.setattr(lm.Context, "decode", counting)
+    return calls

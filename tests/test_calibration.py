@@ -10,22 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import GPU
+from helpers import GPU, count_decodes
 
 import llama_mtp as lm
 from llama_mtp.speculative import SpeculativeEngine, calibration
-
-
-def _counting(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    calls: list[int] = []
-    real = lm.Context.decode
-
-    def counting(self: lm.Context, batch: lm.Batch) -> None:
-        calls.append(batch.n_tokens)
-        real(self, batch)
-
-    monkeypatch.setattr(lm.Context, "decode", counting)
-    return calls
 
 
 def _points(eng: SpeculativeEngine) -> dict[str, object]:
@@ -57,7 +45,7 @@ def test_a_second_engine_starts_from_the_first_ones_calibration(noisy: lm.Model,
     doc = json.loads(files[0].read_text())
     assert doc["format"] == calibration.CALIBRATION_FORMAT and calibration.valid(doc["costs"])
     assert doc["material"]["model"]["path"] == str(noisy.path.resolve())
-    calls = _counting(monkeypatch)
+    calls = count_decodes(monkeypatch)
     with _engine(noisy) as b:
         assert b.calibration == "cached"
         assert calls == []  # not one decode at birth

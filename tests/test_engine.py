@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import llama_mtp as lm
-from helpers import GPU, assert_greedy_matches, chi2_two_sample, greedy_reference_margins
+from helpers import GPU, assert_greedy_matches, chi2_two_sample, count_decodes, greedy_reference_margins
 from llama_mtp.speculative import ContextLengthError, SpeculativeEngine
 from llama_mtp.speculative.engine import REPLAY_DRAFT_MAX
 
@@ -728,14 +728,7 @@ def test_calibration_times_each_shape_in_interleaved_rounds(model_path, monkeypa
     if round_s is not None:
         monkeypatch.setattr(engine_mod, "CALIBRATION_ROUND_S", round_s)
     model = _models(str(model_path("noisy")))
-    calls: list[int] = []
-    real = lm.Context.decode
-
-    def counting(self: lm.Context, batch: lm.Batch) -> None:
-        calls.append(batch.n_tokens)
-        real(self, batch)
-
-    monkeypatch.setattr(lm.Context, "decode", counting)
+    calls = count_decodes(monkeypatch)
     with SpeculativeEngine(model, max_sequences=2, n_ctx=128, draft_cap=3, rollback="snapshots") as eng:
         costs = eng.policy.costs
         assert sorted(costs.verify.curves) == [1, 2]

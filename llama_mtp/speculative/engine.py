@@ -237,6 +237,12 @@ class SpeculativeEngine:
     runs on the CPU (the head is most of a draft decode there), else the whole
     vocabulary. Output never changes; acceptance drops only where the target's next
     token is outside the draft vocabulary.
+
+    With ``draft_max="auto"`` the policy starts from measured decode costs: timed when the
+    first engine with this machine, build, model file and settings is made, then taken
+    from the calibration cache (:mod:`llama_mtp.speculative.calibration`; ``calibration``
+    says ``"measured"`` or ``"cached"``). ``recalibrate=True`` measures again and
+    replaces the cached entry.
     """
 
     def __init__(

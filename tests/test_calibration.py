@@ -216,7 +216,11 @@ def test_nothing_is_calibrated_or_cached_without_auto(noisy: lm.Model, calibrati
                                  {"verify": {"x": [[1, 0.1]]}, "draft": [[1, 0.1]]},
                                  {"verify": {"1": [[1, 0.1]]}, "draft": [[1, 0.1]], "save": -1},
                                  {"verify": {"1": [[1, 0.1]]}, "draft": [[1, 0.1]], "alt": {"verify": {}}},
-                                 {"verify": {"1": [[1.5, 0.1]]}, "draft": [[1, 0.1]]}])
+                                 {"verify": {"1": [[1.5, 0.1]]}, "draft": [[1, 0.1]]},
+                                 {"verify": {"1": [[1, 0.1]]}, "draft": [[1, 0.1]], "save": 0.1, "restore": None},
+                                 {"verify": {"1": [[True, 0.1]]}, "draft": [[1, 0.1]]},
+                                 {"verify": {"1": [[1, 0.1]]}, "draft": [[1, 0.1]],
+                                  "alt": {"verify": {"1": [[1, 0.1]]}, "save": None, "restore": 0.2}}])
 def test_valid_refuses_what_an_engine_cannot_start_from(bad: object) -> None:
     assert not calibration.valid(bad)
     assert calibration.valid({"verify": {"1": [[1, 0.1]]}, "draft": [[1, 0.1]], "save": None, "restore": None,

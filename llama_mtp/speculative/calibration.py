@@ -82,12 +82,18 @@ def calibration_path(material: dict[str, Any]) -> Path:
 
 def _points(x: Any) -> bool:
     return isinstance(x, list) and len(x) > 0 and all(
-        isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and p[0] > 0
-        and isinstance(p[1], (int, float)) and math.isfinite(p[1]) and p[1] > 0 for p in x)
+        isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and not isinstance(p[0], bool) and p[0] > 0
+        and _seconds(p[1]) and p[1] > 0 for p in x)
 
 
 def _seconds(x: Any) -> bool:
-    return x is None or (isinstance(x, (int, float)) and math.isfinite(x) and x >= 0)
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
+def _save_restore(d: dict[str, Any]) -> bool:
+    """Checkpoint save and restore seconds: both, or neither (None)."""
+    save, restore = d.get("save"), d.get("restore")
+    return (save is None and restore is None) or (_seconds(save) and _seconds(restore))
 
 
 def _verify(x: Any) -> bool:
@@ -102,11 +108,10 @@ def valid(costs: Any) -> bool:
     mode, or None)."""
     if not isinstance(costs, dict) or not _verify(costs.get("verify")) or not _points(costs.get("draft")):
         return False
-    if not (_seconds(costs.get("save")) and _seconds(costs.get("restore"))):
+    if not _save_restore(costs):
         return False
     alt = costs.get("alt")
-    return alt is None or (isinstance(alt, dict) and _verify(alt.get("verify"))
-                           and _seconds(alt.get("save")) and _seconds(alt.get("restore")))
+    return alt is None or (isinstance(alt, dict) and _verify(alt.get("verify")) and _save_restore(alt))
 
 
 def load(material: dict[str, Any]) -> dict[str, Any] | None:

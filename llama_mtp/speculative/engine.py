@@ -334,6 +334,8 @@ class SpeculativeEngine:
                                           n_batch=n_batch, params=base, mtp_model=mtp_model,
                                           draft_vocab=draft_vocab,  # type: ignore[arg-type]
                                           head_required=not auto_vocab)
+                # the draft head as configured (its rows grow with the text: not part of a calibration's key)
+                self._draft_head_key = (draft_vocab, self.drafter.head is not None)
         except BaseException:
             self.target.close()
             raise
@@ -709,15 +711,13 @@ class SpeculativeEngine:
     def _calibration_material(self) -> dict[str, Any]:
         """Everything that shapes the calibrated costs: the machine, the model files, the
         target's parameters (threads as resolved), the draft head, the engine's layout."""
-        d = self.drafter
-        assert d is not None
         return {
             "machine": calibration.machine(),
             "model": calibration.file_identity(self.model.path), "model_params": self.model.params.as_dict(),
             "mtp_model": calibration.file_identity(m.path) if (m := self._mtp_model) is not None else None,
             "mtp_model_params": m.params.as_dict() if m is not None else None,
             "target": self._target_params.as_dict(), "threads": list(self.target.n_threads),
-            "draft_vocab": d.draft_vocab, "max_sequences": self.max_sequences, "draft_max": self.draft_max,
+            "draft_vocab": list(self._draft_head_key), "max_sequences": self.max_sequences, "draft_max": self.draft_max,
             "batch": self._batch.capacity, "rollback": self.rollback, "replays": self.policy.replays,
             "split": self.policy.costs.split, "alt": self.policy.alt is not None,
             "alt_replays": self.policy.alt_replays,

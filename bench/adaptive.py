@@ -86,11 +86,21 @@ def timed(eng: SpeculativeEngine, model: lm.Model, prompts: tuple[str, ...], n: 
     return tokens, seconds, spec
 
 
-def engine(model: lm.Model, k: int | str, n_par: int, threads: int, n_ctx: int) -> SpeculativeEngine:
+def sampling(temperature: float) -> lm.SamplingParams:
+    """Greedy at 0; else the CLI's defaults (top-k 40, top-p 0.95, min-p 0.05), seeded: every
+    engine draws the same stream, and auto verifies by sample-and-match (a seed reproduces
+    its output), fixed k by rejection sampling (``verify="auto"``)."""
+    if temperature == 0.0:
+        return GREEDY
+    return lm.SamplingParams(temperature=temperature, top_k=40, top_p=0.95, min_p=0.05, seed=20261207)
+
+
+def engine(model: lm.Model, k: int | str, n_par: int, threads: int, n_ctx: int,
+           temperature: float = 0.0) -> SpeculativeEngine:
     mtp = k == "auto" or int(k) > 0
     draft_max = k if mtp else 0
     return SpeculativeEngine(model, max_sequences=n_par, n_ctx=n_ctx, draft_max=draft_max,  # type: ignore[arg-type]
-                             mtp=mtp, sampling=GREEDY, params=lm.ContextParams(n_threads=threads))
+                             mtp=mtp, sampling=sampling(temperature), params=lm.ContextParams(n_threads=threads))
 
 
 def run_level(name: str, ks: list[int], pars: list[int], args: argparse.Namespace) -> dict[str, Any]:
@@ -99,7 +109,7 @@ def run_level(name: str, ks: list[int], pars: list[int], args: argparse.Namespac
     with lm.Model(path) as model:
         for n_par in pars:
             configs: list[int | str] = [0, *ks, "auto"]
-            engines = {k: engine(model, k, n_par, args.threads, args.n_ctx) for k in configs}
+            engines = {k: engine(model, k, n_par, args.threads, args.n_ctx, args.temp) for k in configs}
             n = args.tokens if n_par == 1 else max(32, args.tokens // 2)
             runs: dict[int | str, list[float]] = {k: [] for k in configs}
             # paired: each config's rate on one prompt over plain's on the same prompt, same round
@@ -154,10 +164,15 @@ def run_level(name: str, ks: list[int], pars: list[int], args: argparse.Namespac
     return out
 
 
+def sampling_line(temperature: float) -> str:
+    return "greedy" if not temperature else f"T = {temperature:g} (top-k 40, top-p 0.95, min-p 0.05, seeded)"
+
+
 def markdown(r: dict[str, Any]) -> str:
     s = r["settings"]
     lines = [f"### Adaptive draft length ({r['date']})", "",
-             f"{describe(r['machine'], s['threads'])}; {model_line(s)}greedy; "
+             f"{describe(r['machine'], s['threads'])}; {model_line(s)}"
+             f"{sampling_line(s.get('temperature', 0.0))}; "
              f"{s['tokens']} tokens per sequence ({s['tokens'] // 2} with several sequences) from each of 3 prompts; "
              f"median of {s['repeat']} interleaved rounds; fixed k = {s['draft_lengths']}. Ratios: the median "
              f"over rounds and prompts of paired ratios (two configurations on the same prompt in the same "
@@ -189,6 +204,8 @@ def main() -> None:
     ap.add_argument("--parallel", default="1,4")
     ap.add_argument("--size", default="0.3b", choices=sorted(models.SIZES), help="benchmark model size")
     ap.add_argument("--tag", default="", help="suffix of the result files (adaptive-TAG.*), e.g. cuda")
+    ap.add_argument("--temp", type=float, default=0.0,
+                    help="sampling temperature (0: greedy; else top-k 40, top-p 0.95, min-p 0.05, seeded)")
     add_common_args(ap, tokens=96)
     # a run of 96 tokens on a shared 2-core machine jitters ~4% from the next: a ratio of
     # two ~5%, so a cell's median needs 15 pairs (5 rounds x 3 prompts) to sit within ~2%
@@ -204,6 +221,7 @@ def main() -> None:
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(),
                               "llama_cpp_commit": lm.build_info()["llama_cpp_commit"],
                               "settings": {"tokens": args.tokens, "repeat": args.repeat, "threads": args.threads,
+                                           "temperature": args.temp,
                                            "n_ctx": args.n_ctx, "draft_lengths": ks, "parallel": pars,
                                            "size": args.size, "n_params": models.n_params(models.base_spec(args.size))},
                               "levels": {}}

@@ -96,11 +96,12 @@ def sampling(temperature: float) -> lm.SamplingParams:
 
 
 def engine(model: lm.Model, k: int | str, n_par: int, threads: int, n_ctx: int,
-           temperature: float = 0.0) -> SpeculativeEngine:
+           temperature: float = 0.0, **kw: Any) -> SpeculativeEngine:
+    """Plain (k = 0), fixed k or auto; ``kw``: more SpeculativeEngine arguments (rollback, ...)."""
     mtp = k == "auto" or int(k) > 0
     draft_max = k if mtp else 0
     return SpeculativeEngine(model, max_sequences=n_par, n_ctx=n_ctx, draft_max=draft_max,  # type: ignore[arg-type]
-                             mtp=mtp, sampling=sampling(temperature), params=lm.ContextParams(n_threads=threads))
+                             mtp=mtp, sampling=sampling(temperature), params=lm.ContextParams(n_threads=threads), **kw)
 
 
 def run_level(name: str, ks: list[int], pars: list[int], args: argparse.Namespace) -> dict[str, Any]:
@@ -165,7 +166,9 @@ def run_level(name: str, ks: list[int], pars: list[int], args: argparse.Namespac
 
 
 def sampling_line(temperature: float) -> str:
-    return "greedy" if not temperature else f"T = {temperature:g} (top-k 40, top-p 0.95, min-p 0.05, seeded)"
+    p = sampling(temperature)
+    return "greedy" if p.temperature == 0.0 else \
+        f"T = {p.temperature:g} (top-k {p.top_k}, top-p {p.top_p:g}, min-p {p.min_p:g}, seeded)"
 
 
 def markdown(r: dict[str, Any]) -> str:

@@ -145,15 +145,14 @@ def _top_k(x: npt.NDArray[np.floating], k: int) -> npt.NDArray[np.intp]:
     least k pass (else the whole row is partitioned): 0.03 ms instead of 0.36 for 40 of
     32000 logits, once per sampled token and per verified row."""
     n = len(x)
-    if n < 2048 or 16 * k > n:
-        return np.argpartition(x, n - k)[n - k:]
-    sample = x[:: n // 1024]
-    m = len(sample)
-    r = min(m, -(-2 * k * m // n) + 4)
-    cand = np.flatnonzero(x >= np.partition(sample, m - r)[m - r])
-    if len(cand) < k:
-        return np.argpartition(x, n - k)[n - k:]
-    return cand[np.argpartition(x[cand], len(cand) - k)[len(cand) - k:]]
+    if n >= 2048 and 16 * k <= n:
+        sample = x[:: n // 1024]
+        m = len(sample)
+        r = min(m, -(-2 * k * m // n) + 4)
+        cand = np.flatnonzero(x >= np.partition(sample, m - r)[m - r])
+        if len(cand) >= k:
+            return cand[np.argpartition(x[cand], len(cand) - k)[len(cand) - k:]]
+    return np.argpartition(x, n - k)[n - k:]
 
 
 def _softmax(v: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:

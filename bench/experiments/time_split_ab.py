@@ -37,12 +37,7 @@ def make(name: str) -> SpeculativeEngine:
     k: int | str = base if base == "auto" else int(base)
     variants = [v.partition("=") for v in spec.split("+") if v]
     rb = [val for key, _, val in variants if key == "rb"]
-    if rb:
-        e = SpeculativeEngine(model, max_sequences=n_par, n_ctx=4096, draft_max=k,  # type: ignore[arg-type]
-                              mtp=True, sampling=A.GREEDY, params=lm.ContextParams(n_threads=2),
-                              rollback=rb[0])  # type: ignore[arg-type]
-    else:
-        e = A.engine(model, k, n_par, 2, 4096)
+    e = A.engine(model, k, n_par, 2, 4096, **({"rollback": rb[0]} if rb else {}))
     for key, _, val in variants:
         if key == "rb":
             continue

@@ -74,10 +74,14 @@ def cache_root() -> Path:
     return cache_dir() / "calibration"
 
 
+def _canonical(material: dict[str, Any]) -> str:
+    """The key material as the file holds it (sorted keys, anything not JSON as its str)."""
+    return json.dumps(material, sort_keys=True, default=str)
+
+
 def calibration_path(material: dict[str, Any]) -> Path:
     """The cache file for this key material."""
-    blob = json.dumps(material, sort_keys=True, default=str).encode()
-    return cache_root() / f"{hashlib.sha256(blob).hexdigest()[:20]}.json"
+    return cache_root() / f"{hashlib.sha256(_canonical(material).encode()).hexdigest()[:20]}.json"
 
 
 def _points(x: Any) -> bool:
@@ -129,7 +133,7 @@ def load(material: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(doc, dict) or doc.get("format") != CALIBRATION_FORMAT:
         return None
     # the key is a hash: the material itself must match too (and tells a reader what it is of)
-    if json.loads(json.dumps(material, sort_keys=True, default=str)) != doc.get("material"):
+    if json.loads(_canonical(material)) != doc.get("material"):
         return None
     costs = doc.get("costs")
     if not valid(costs):
@@ -144,7 +148,7 @@ def store(material: dict[str, Any], costs: dict[str, Any]) -> Path | None:
     engine runs on what it measured)."""
     path = calibration_path(material)
     doc = {"format": CALIBRATION_FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-           "material": json.loads(json.dumps(material, sort_keys=True, default=str)), "costs": costs}
+           "material": json.loads(_canonical(material)), "costs": costs}
     tmp: str | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

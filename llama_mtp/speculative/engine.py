@@ -44,7 +44,7 @@ from ..sampling import Sampler
 from . import calibration
 from .mtp import DraftRequest, MTPDrafter
 from .ngram import NgramDrafter
-from .policy import Acceptance, Candidate, DraftPolicy
+from .policy import Acceptance, Candidate, CostModel, DraftPolicy
 from .stats import EngineStats, SpecStats
 from .verify import verify_greedy, verify_match, verify_rejection
 
@@ -724,21 +724,23 @@ class SpeculativeEngine:
         }
 
     def _apply_costs(self, costs: dict[str, Any]) -> None:
-        """Start the policy's cost model from a calibration (:func:`.calibration.valid`)."""
-        c = self.policy.costs
-        for n_seqs, pts in costs["verify"].items():
-            c.verify.calibrate(int(n_seqs), [(int(r), float(t)) for r, t in pts])
-        c.draft.calibrate([(int(n), float(t)) for n, t in costs["draft"]])
-        if costs.get("save") is not None:
-            c.save, c.restore = float(costs["save"]), float(costs["restore"])
+        """Start the policy's cost model from a calibration (:func:`.calibration.valid`):
+        this mode's verify curves, checkpoint save and restore, and the draft curve; the
+        other mode's verify curves and checkpoints where it has them."""
+
+        def verify_and_checkpoints(c: CostModel, part: dict[str, Any]) -> None:
+            for n_seqs, pts in part["verify"].items():
+                c.verify.calibrate(int(n_seqs), [(int(r), float(t)) for r, t in pts])
+            if part.get("save") is not None:
+                c.save, c.restore = float(part["save"]), float(part["restore"])
+
+        verify_and_checkpoints(self.policy.costs, costs)
+        self.policy.costs.draft.calibrate([(int(n), float(t)) for n, t in costs["draft"]])
         alt, got = self.policy.alt, costs.get("alt")
         if alt is not None and got is None:  # the measurement found no room for the other mode's context
             self.policy.stop_switching()
         elif alt is not None and got is not None:
-            for n_seqs, pts in got["verify"].items():
-                alt.verify.calibrate(int(n_seqs), [(int(r), float(t)) for r, t in pts])
-            if got.get("save") is not None:
-                alt.save, alt.restore = float(got["save"]), float(got["restore"])
+            verify_and_checkpoints(alt, got)
 
     def _measure(self) -> dict[str, Any]:
         """Measure the decode costs: target decodes of one and of all sequences with 1 ..

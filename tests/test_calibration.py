@@ -168,7 +168,10 @@ def test_the_cli_says_when_it_measures(model_path, tmp_path: Path) -> None:  # t
         assert r.returncode == 0, r.stderr
     said = ["measured this machine's decode costs" in r.stderr for r in runs]
     assert said == [True, False, True]
-    assert len(list((tmp_path / "calibration").glob("*.json"))) == 1
+    # one calibration, and what the runs' drafts learnt beside it (the next run starts from it)
+    (mem,) = _memory_files(tmp_path / "calibration")
+    names = sorted(p.name for p in (tmp_path / "calibration").glob("*.json"))
+    assert names == sorted([mem.name.replace(".memory", ""), mem.name])
 
 
 def test_a_model_file_gone_since_it_was_loaded_is_measured_and_not_kept(model_path, tmp_path: Path,  # type: ignore[no-untyped-def]
@@ -233,3 +236,148 @@ def test_the_cache_lives_in_the_package_cache_dir(tmp_path: Path) -> None:
                          env={**os.environ, "LLAMA_MTP_CACHE_DIR": str(tmp_path)})  # cwd: the installed package
     assert out.returncode == 0, out.stderr
     assert Path(out.stdout.strip()) == tmp_path / "calibration"
+
+
+# ---------------------------------------------------------------- engine memory
+
+
+def _run(eng: SpeculativeEngine, model: lm.Model, n: int = 24) -> list[int]:
+    sid = eng.add(model.tokenize("the model"), max_tokens=n, sampling=lm.SamplingParams.greedy_params())
+    while eng.active:
+        eng.step()
+    return eng.sequence(sid).tokens
+
+
+def _memory_files(root: Path) -> list[Path]:
+    return sorted(root.glob("*.memory.json"))
+
+
+def test_an_engine_starts_from_what_the_last_one_learnt(planted: lm.Model, calibration_cache: Path) -> None:
+    """At close an auto engine keeps its drafts' pooled acceptance, probe backoff and
+    rollback mode beside its calibration; the next engine with the same key starts from
+    them (a fresh engine would start from a blind prior)."""
+    with _engine(planted) as a:
+        assert not a.remembered
+        _run(a, planted)
+        hits, tries, mode = list(a._acc_pool.hits), list(a._acc_pool.tries), a.rollback
+        a.policy.idle_comparisons = 7  # (snapshots found idle so often in a row: counted on by the next engine)
+        assert tries[0] > 0
+    (f,) = _memory_files(calibration_cache)
+    doc = json.loads(f.read_text())
+    assert calibration.valid_memory(doc["memory"]) and doc["material"]["model"]["path"] == str(planted.path.resolve())
+    assert doc["memory"]["hits"] == hits and doc["memory"]["tries"] == tries and doc["memory"]["rollback"] == mode
+    with _engine(planted) as b:
+        assert b.calibration == "cached" and b.remembered
+        assert b._acc_pool.hits == hits and b._acc_pool.tries == tries and b.rollback == mode
+        assert b._last_fails == doc["memory"]["fails"] and b.policy.idle_comparisons == doc["memory"]["idle"] == 7
+    with _engine(planted, recalibrate=True) as c:  # measures again and forgets
+        assert c.calibration == "measured" and not c.remembered and not any(c._acc_pool.tries)
+
+
+def _first_step_drafts(model: lm.Model, memory: dict[str, object] | None, root: Path) -> int:
+    """Draft tokens of a new engine's first step, with this memory written beside its calibration."""
+    with _engine(model) as probe:
+        key = probe._memory_key
+    assert key is not None
+    for f in _memory_files(root):
+        f.unlink()
+    if memory is not None:
+        assert calibration.store_memory(key, memory) is not None
+    with _engine(model) as e:
+        assert e.remembered == (memory is not None)
+        sid = e.add(model.tokenize("the model"), max_tokens=16, sampling=lm.SamplingParams.greedy_params())
+        e.step()
+        n = e.sequence(sid).stats.draft_n
+        while e.active:
+            e.step()
+        return n
+
+
+def test_memory_decides_the_first_step(planted: lm.Model, calibration_cache: Path) -> None:
+    """A fresh engine probes its first sequence at once (nothing is known); one that
+    remembers drafts landing drafts long from the first step, and one that remembers
+    drafts failing (and a long probe backoff) does not draft there."""
+    n = 3
+    good = {"hits": [40.0] * n, "tries": [40.0] * n, "fails": 0, "rollback": "snapshots"}
+    bad = {"hits": [0.0] * n, "tries": [40.0] * n, "fails": 12, "rollback": "snapshots"}
+    assert _first_step_drafts(planted, None, calibration_cache) >= 1
+    assert _first_step_drafts(planted, good, calibration_cache) == n
+    assert _first_step_drafts(planted, bad, calibration_cache) == 0
+
+
+@pytest.mark.skipif(GPU, reason="offloaded layers keep the snapshots (no switching, no second context)")
+def test_the_remembered_rollback_mode_is_where_the_next_engine_starts(noisy: lm.Model, planted: lm.Model,
+                                                                      calibration_cache: Path) -> None:
+    with _engine(noisy) as a:
+        assert a.rollback == "snapshots" and a.policy.alt is not None
+        a._switch_rollback()  # as the policy does where drafting does not pay
+        _run(a, noisy)
+        mode = a.rollback
+    assert json.loads(_memory_files(calibration_cache)[0].read_text())["memory"]["rollback"] == mode == "checkpoint"
+    with _engine(noisy) as b:
+        assert b.remembered and b.rollback == "checkpoint" and b.policy.replays
+        assert b.stats.rollback_switches == 0  # taken at birth, not a switch
+        got = _run(b, noisy, 32)
+    with SpeculativeEngine(noisy, max_sequences=1, n_ctx=128, mtp=False) as plain:
+        assert got == _run(plain, noisy, 32)  # lossless in the remembered mode
+
+
+@pytest.mark.parametrize("damage", ["garbage", "hits_over_tries", "negative", "short", "rollback", "fails"])
+def test_a_damaged_memory_is_ignored_and_replaced(noisy: lm.Model, calibration_cache: Path, damage: str) -> None:
+    with _engine(noisy) as a:
+        _run(a, noisy)
+    (f,) = _memory_files(calibration_cache)
+    doc = json.loads(f.read_text())
+    m = doc["memory"]
+    if damage == "garbage":
+        f.write_bytes(b"\x00\xffnot json")
+    else:
+        if damage == "hits_over_tries":
+            m["hits"][0] = m["tries"][0] + 1.0
+        elif damage == "negative":
+            m["tries"][1] = -1.0
+        elif damage == "short":
+            m["hits"], m["tries"] = m["hits"][:1], m["tries"][:1]
+        elif damage == "rollback":
+            m["rollback"] = "sometimes"
+        else:
+            m["fails"] = 1.5
+        f.write_text(json.dumps(doc))
+    with _engine(noisy) as b:
+        assert not b.remembered and not any(b._acc_pool.tries)
+        _run(b, noisy)
+    assert calibration.valid_memory(json.loads(f.read_text())["memory"])
+
+
+def test_an_unwritable_memory_costs_nothing_but_the_memory(noisy: lm.Model, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setattr(calibration, "cache_root", lambda: blocker / "calibration")
+    for _ in range(2):
+        e = _engine(noisy)
+        assert len(_run(e, noisy)) == 24
+        e.close()  # does not raise
+        assert not e.remembered
+
+
+def test_no_memory_without_auto_or_without_drafts(noisy: lm.Model, calibration_cache: Path) -> None:
+    with SpeculativeEngine(noisy, max_sequences=1, n_ctx=128, draft_max=3) as e:
+        _run(e, noisy)
+    with _engine(noisy):
+        pass  # calibrated, never drafted: nothing learnt
+    assert _memory_files(calibration_cache) == []
+
+
+@pytest.mark.parametrize("bad", [None, {}, {"hits": [], "tries": [], "fails": 0, "rollback": "snapshots"},
+                                 {"hits": [1.0], "tries": [0.5], "fails": 0, "rollback": "snapshots"},
+                                 {"hits": [1.0], "tries": [1.0, 2.0], "fails": 0, "rollback": "snapshots"},
+                                 {"hits": [float("nan")], "tries": [1.0], "fails": 0, "rollback": "snapshots"},
+                                 {"hits": [1.0], "tries": [1.0], "fails": -1, "rollback": "snapshots"},
+                                 {"hits": [1.0], "tries": [1.0], "fails": True, "rollback": "snapshots"},
+                                 {"hits": [1.0], "tries": [1.0], "fails": 0, "rollback": None},
+                                 {"hits": ["1"], "tries": [1.0], "fails": 0, "rollback": "checkpoint"},
+                                 {"hits": [1.0], "tries": [1.0], "fails": 0, "rollback": "checkpoint", "idle": -1}])
+def test_valid_memory_refuses_what_an_engine_cannot_start_from(bad: object) -> None:
+    assert not calibration.valid_memory(bad)
+    assert calibration.valid_memory({"hits": [0.5, 0.0], "tries": [1.0, 0.5], "fails": 3, "rollback": "checkpoint"})

@@ -387,8 +387,27 @@ def test_probes_back_off_while_they_fail() -> None:
     assert a.tries[0] < p.fresh_evidence and p.probe_wait(a) > p.probe_every
     assert p.choose({0: (6, a, None, p.probe_every - 1)})[0] == 0  # not yet
     assert p.choose({0: (6, a, None, p.probe_every)})[0] >= 1      # now a probe
-    a.observe(1, 1)  # it lands: the next probe may come soon again
-    assert a.fails == 0 and p.probe_wait(a) == p.probe_gap
+    a.observe(1, 1)  # it lands: the next probe may come at once
+    assert a.fails == 0 and p.probe_wait(a) == p.probe_after_paid == 0
+
+
+def test_a_probe_that_paid_is_followed_by_another_at_once() -> None:
+    """A new sequence whose first draft was rejected idles on a pessimistic estimate; its
+    probe lands whole and pays -- that is evidence the estimate is behind, so the next
+    step probes again rather than waiting ``probe_gap`` steps per probe (a fresh engine
+    at ~75% on a 2-core CPU spent most of a 128-token run so); a probe that does not pay
+    starts the wait over."""
+    p = compute_bound()
+    a = Acceptance(6)
+    a.observe(2, 0)  # the first draft: rejected
+    assert p.probe_wait(a) == p.probe_gap
+    assert p.choose({0: (6, a, None, 1)})[0] == 0  # not yet due
+    a.observe(2, 2, paid=p.paid([2], 0, 2))  # the probe (once due) lands and pays
+    assert a.paid_last and p.probe_wait(a) == 0
+    assert p.choose({0: (6, a, None, 1)})[0] >= 1  # due at once: probed again
+    a.observe(2, 1, paid=p.paid([2], 0, 1))  # one token of two: does not pay on these costs
+    assert not a.paid_last and p.probe_wait(a) == p.probe_gap
+    assert p.choose({0: (6, a, None, 1)})[0] == 0
 
 
 def test_a_probe_is_the_shortest_draft_that_could_pay() -> None:
@@ -442,7 +461,7 @@ def test_probes_that_do_not_pay_back_off_though_something_lands() -> None:
     a.observe(1, 1, shadow=True)
     assert p.probe_wait(a) == waits[-1]
     a.observe(5, 5, paid=p.paid([5], 0, 5))
-    assert a.fails == 0 and p.probe_wait(a) == p.probe_gap
+    assert a.fails == 0 and p.probe_wait(a) == p.probe_after_paid
 
 
 def test_flowing_evidence_stands_in_for_forced_probes() -> None:

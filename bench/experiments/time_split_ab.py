@@ -4,13 +4,14 @@ round), each reported as tokens/s, its ratio to the first engine (overall, and t
 and quartiles of per-round paired ratios) and the engine's time counters per token
 (prefill, draft, verify, catch-up, restore, switch, step), steps per token and k histogram.
 
-    python bench/experiments/time_split_ab.py LEVEL N_PAR ROUNDS [ENGINES]
+    python bench/experiments/time_split_ab.py LEVEL N_PAR ROUNDS [ENGINES [TEMPERATURE]]
 
 ENGINES: comma-separated, default ``0,auto``; each ``K[:VARIANT+VARIANT...]`` with K an int
 (0: plain) or ``auto``. Variants: ``rb=snapshots|checkpoint`` (rollback mode forced),
 ``noeager`` (no eager catch-up: ``eager_idle = 0``), ``eagerratio=X`` (the engine's
 ``eager_ratio``), ``eagerreal`` (eager catch-up priced with the policy's realism factor),
-``pol.NAME=X`` (a DraftPolicy attribute, e.g. ``pol.probe_gap=16``).
+``pol.NAME=X`` (a DraftPolicy attribute, e.g. ``pol.probe_gap=16``). TEMPERATURE (default 0,
+greedy): every engine samples with adaptive.py's ``--temp`` settings.
 Results: bench/README.md, "Where auto's time goes at ~50%" (2026-12-07).
 """
 import statistics
@@ -27,6 +28,7 @@ from llama_mtp.speculative import SpeculativeEngine  # noqa: E402
 
 level, n_par, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 names = sys.argv[4].split(",") if len(sys.argv) > 4 else ["0", "auto"]
+temp = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
 path, prompts = A.level_model(level)
 model = lm.Model(path)
 FIELDS = ["prefill_s", "draft_s", "verify_s", "catch_up_s", "restore_s", "switch_s", "step_s", "steps"]
@@ -37,7 +39,7 @@ def make(name: str) -> SpeculativeEngine:
     k: int | str = base if base == "auto" else int(base)
     variants = [v.partition("=") for v in spec.split("+") if v]
     rb = [val for key, _, val in variants if key == "rb"]
-    e = A.engine(model, k, n_par, 2, 4096, **({"rollback": rb[0]} if rb else {}))
+    e = A.engine(model, k, n_par, 2, 4096, temp, **({"rollback": rb[0]} if rb else {}))
     for key, _, val in variants:
         if key == "rb":
             continue
@@ -76,7 +78,7 @@ for r in range(rounds):
         for kk, v in spec.draft_length_hist.items():
             hist[n][kk] = hist[n].get(kk, 0) + v
 ref = tot[names[0]]
-print(f"## level {level}, {n_par} sequence(s), {rounds} rounds x {len(prompts)} prompts")
+print(f"## level {level}, {n_par} sequence(s), {rounds} rounds x {len(prompts)} prompts, {A.sampling_line(temp)}")
 for n in names:
     t = tot[n]
     ms = " ".join(f"{f.removesuffix('_s')}={1000 * t[f] / t['tok']:.3f}" for f in FIELDS[:-1])

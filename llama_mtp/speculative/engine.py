@@ -241,8 +241,11 @@ class SpeculativeEngine:
     With ``draft_max="auto"`` the policy starts from measured decode costs: timed when the
     first engine with this machine, build, model file and settings is made, then taken
     from the calibration cache (:mod:`llama_mtp.speculative.calibration`; ``calibration``
-    says ``"measured"`` or ``"cached"``). ``recalibrate=True`` measures again and
-    replaces the cached entry.
+    says ``"measured"`` or ``"cached"``). It also starts from what the last engine with
+    that key learnt (the calibration cache's engine memory, written at :meth:`close`: its
+    drafts' pooled acceptance, probe backoff and rollback mode; ``remembered`` says so):
+    a new engine otherwise learns it again, which is much of a short run.
+    ``recalibrate=True`` measures again, forgets that memory, and replaces both.
     """
 
     def __init__(
@@ -286,6 +289,10 @@ class SpeculativeEngine:
         #: its decode shapes), "cached" (a calibration of this machine, model and settings from
         #: the cache), None (nothing calibrated: no draft_max="auto" sequence yet, or no MTP)
         self.calibration: Literal["measured", "cached"] | None = None
+        #: whether the adaptive policy started from the memory of an earlier engine with
+        #: the same calibration key (see :meth:`_recall`)
+        self.remembered = False
+        self._memory_key: dict[str, Any] | None = None  # where close() keeps this engine's memory
         self.default_spec = spec or SpecParams(draft_max=draft_max)
         self.default_sampling = sampling or SamplingParams()
         draft_max = cap  # from here on: the longest draft any sequence may verify
@@ -406,6 +413,7 @@ class SpeculativeEngine:
         if self._closed:
             return
         self._closed = True
+        self._remember()
         if self.drafter is not None:
             self.drafter.close()
         if self._spare is not None:
@@ -692,10 +700,14 @@ class SpeculativeEngine:
         except OSError as e:  # a model file gone or unreadable since it was loaded: measure, keep nothing
             _log.info("calibration cache not used: %s", e)
             material = None
+        self._memory_key = material
         costs = None if self._recalibrate or material is None else calibration.load(material)
         if costs is not None:
             self._apply_costs(costs)
             self.calibration = "cached"
+            memory = calibration.load_memory(material)  # type: ignore[arg-type]
+            if memory is not None:
+                self._recall(memory)
             return
         t0 = time.perf_counter()
         costs = self._measure()
@@ -707,6 +719,38 @@ class SpeculativeEngine:
         where = calibration.store(material, costs) if complete else None  # type: ignore[arg-type]
         _log.info("measured decode costs for draft_max='auto' in %.1f s%s", time.perf_counter() - t0,
                   f" (cached: {where})" if where is not None else "")
+
+    def _recall(self, memory: dict[str, Any]) -> None:
+        """Start from an earlier engine's memory (:func:`.calibration.valid_memory`): its
+        pooled acceptance evidence (new sequences' prior, capped at ``parent_weight``
+        observations, so a sequence's own drafts soon outweigh it), its probe backoff, its
+        rollback mode (switched to now, while no sequence holds state) and how many mode
+        comparisons in a row found snapshots idle."""
+        pool = self._acc_pool
+        if len(memory["hits"]) != len(pool.hits):
+            return
+        pool.hits = [float(h) for h in memory["hits"]]
+        pool.tries = [float(t) for t in memory["tries"]]
+        self._last_fails = min(int(memory["fails"]), 64)
+        if memory["rollback"] != self.rollback and self.policy.alt is not None and not self._seqs:
+            self._switch_rollback(remembered=True)
+        # how long snapshots have looked idle goes on counting where the last engine stopped
+        # (leaving them takes SWITCH_IDLE_N comparisons, ~128 steps: longer than a short run)
+        self.policy.idle_comparisons = int(memory.get("idle", 0))
+        self.remembered = True
+
+    def _remember(self) -> None:
+        """Keep what this engine learnt for the next one with the same calibration key
+        (never raises: a memory that cannot be written is logged and lost)."""
+        if self._memory_key is None or self.drafter is None or not any(self._acc_pool.tries):
+            return
+        fails = max([self._last_fails] + [q.acc.fails for q in self._seqs.values() if q.acc is not None])
+        try:
+            calibration.store_memory(self._memory_key, {
+                "hits": list(self._acc_pool.hits), "tries": list(self._acc_pool.tries),
+                "fails": fails, "rollback": self.rollback, "idle": self.policy.idle_comparisons})
+        except Exception as e:  # noqa: BLE001 -- close() must not fail over a cache
+            _log.info("engine memory not kept: %s", e)
 
     def _calibration_material(self) -> dict[str, Any]:
         """Everything that shapes the calibrated costs: the machine, the model files, the
@@ -891,11 +935,12 @@ class SpeculativeEngine:
         self._stash(other)
         return out if out["verify"] else None
 
-    def _switch_rollback(self) -> None:
+    def _switch_rollback(self, remembered: bool = False) -> None:
         """Move every sequence to a new target context with the other rollback mode (the
         policy's ``switch_wanted``): full state copies into the spare context (or a new
         one), the old context emptied and kept as the spare. Where the new context cannot
-        be made (memory), the engine stays and stops switching."""
+        be made (memory), the engine stays and stops switching. ``remembered``: the mode
+        an earlier engine ended in, taken at birth (not counted or timed as a switch)."""
         new_mode: Literal["snapshots", "checkpoint"] = "snapshots" if self.rollback == "checkpoint" else "checkpoint"
         t0 = time.perf_counter()
         old = self.target
@@ -927,6 +972,9 @@ class SpeculativeEngine:
         self._stash(old)
         self.rollback = new_mode
         dt = time.perf_counter() - t0
+        if remembered:
+            self.policy.start_in_alt()
+            return
         self.stats.rollback_switches += 1
         self.stats.switch_s += dt
         self.policy.switched(dt)

@@ -435,6 +435,7 @@ class Acceptance:
         self.hits = [0.0] * max(1, n_max)
         self.tries = [0.0] * max(1, n_max)
         self.fails = 0  # drafts in a row that did not pay for themselves (spaces out the probes)
+        self.paid_last = False  # the last draft paid for itself (the next probe may come at once)
 
     def alpha(self, i: int) -> float:
         """The running estimate of P(draft position i accepted | earlier ones were).
@@ -524,6 +525,7 @@ class Acceptance:
         if drafted > 0 and not shadow:
             ok = accepted > 0 if paid is None else paid
             self.fails = 0 if ok else self.fails + 1
+            self.paid_last = ok
         for i in range(min(drafted, len(self.hits))):
             if i > accepted:
                 break  # position i was never tested: an earlier one was rejected
@@ -603,6 +605,7 @@ class DraftPolicy:
         #: it a tie, not drafting is the safe side
         self.margin = margin
         self.probe_gap = probe_gap  # the shortest wait before probing a sequence that stopped drafting
+        self.probe_after_paid = 0  # ... unless its last draft paid
         self.costs = CostModel()
         self.hysteresis = hysteresis
         #: after a search that drafts nothing, this many steps reuse it (while nobody is due
@@ -679,7 +682,8 @@ class DraftPolicy:
         self._adv_n = 0
         self._compare_in = self.switch_every  # steps to the next comparison
         self._snap_idle = False         # the last comparison's snapshot layout drafted nothing
-        self._idle_n = 0                # comparisons in a row that found it so
+        #: comparisons in a row that found it so (an engine memory keeps it: see SpeculativeEngine._recall)
+        self.idle_comparisons = 0
         self._snap_hopeless = False     # ... and on the optimistic estimates too
         self._snap_backoff = 1          # switch_dwell multiplier before snapshots are tried again
         self._since_switch = self.switch_dwell  # a fresh engine may switch as soon as the evidence says
@@ -877,7 +881,7 @@ class DraftPolicy:
             math.log(rates["snapshots"] / rates["checkpoint"])
         self._adv = x if self._adv_n == 0 else 0.7 * self._adv + 0.3 * x
         self._adv_n += 1
-        self._idle_n = self._idle_n + 1 if self._snap_idle else 0
+        self.idle_comparisons = self.idle_comparisons + 1 if self._snap_idle else 0
         if snapshots_now and self._snap_idle:
             # nothing drafts: snapshots only cost (every decode writes them) -- leave once that
             # is settled: on the optimistic estimates too (one sequence at ~75% on a CPU idles
@@ -885,7 +889,7 @@ class DraftPolicy:
             # on the priced tax: a few paired decodes at birth measure it to a few percent,
             # about its size on four sequences
             self.switch_wanted = (self._since_switch >= self.switch_dwell // 4 and (
-                self._idle_n >= self.SWITCH_IDLE_N or self._idle_n >= 2 and self._snap_hopeless))
+                self.idle_comparisons >= self.SWITCH_IDLE_N or self.idle_comparisons >= 2 and self._snap_hopeless))
             return
         # otherwise the switch must pay for itself within SWITCH_HORIZON_S seconds at the
         # advantage; back to snapshots only after a backoff that doubles each time a stint
@@ -930,7 +934,7 @@ class DraftPolicy:
         paid every step, and only a draft can tell whether they are worth it -- so probes
         are judged on the same bound that keeps them (a new sequence at ~1 after one at ~0
         sat out a whole run with snapshots, neither drafting nor leaving them)."""
-        return (self.alt is not None and not self.replays and self._idle_n >= 2
+        return (self.alt is not None and not self.replays and self.idle_comparisons >= 2
                 and not self._snap_hopeless)
 
     @staticmethod
@@ -951,6 +955,12 @@ class DraftPolicy:
         self.alt = None
         self.switch_wanted = False
 
+    def start_in_alt(self) -> None:
+        """The engine starts in the alternative rollback mode (the one an earlier engine
+        ended in): its costs become the current ones; no switch is counted or timed."""
+        self._swap()
+        self._last, self._quiet, self._quiet_run, self._kind = {}, 0, 0, None
+
     def switched(self, seconds: float) -> None:
         """The engine switched to the alternative rollback mode (it took ``seconds``)."""
         if not self.replays:  # leaving snapshots: a short stint backs the next one off
@@ -958,7 +968,7 @@ class DraftPolicy:
             self._snap_backoff = min(self.SWITCH_BACKOFF_MAX, 2 * self._snap_backoff) if short else 1
         self._swap()
         self.switch_s = _ewma(self.switch_s, seconds, 0.5)
-        self._adv, self._adv_n, self._since_switch, self.switch_wanted, self._idle_n = 0.0, 0, 0, False, 0
+        self._adv, self._adv_n, self._since_switch, self.switch_wanted, self.idle_comparisons = 0.0, 0, 0, False, 0
         self._last, self._quiet, self._quiet_run, self._kind = {}, 0, 0, None
         self.switches += 1
 
@@ -1035,6 +1045,8 @@ class DraftPolicy:
     def probe_wait(self, acc: Acceptance) -> int:
         """Steps to wait before probing: ``probe_gap``, doubled for every failed draft in a
         row that did not pay, up to ``probe_max``."""
+        if acc.paid_last:
+            return self.probe_after_paid
         return min(self.probe_max, self.probe_gap * 2 ** max(0, min(acc.fails - 1, 16)))
 
     def _rate(self, ks: list[int], tables: list[list[float]]) -> float:

@@ -827,19 +827,6 @@ def test_snapshots_are_taken_where_drafting_pays(n: int) -> None:
     assert run_modes(q, 0.95, 200, n) == []  # never leaves them
 
 
-@pytest.mark.parametrize("steady", [True, False])
-def test_modes_are_compared_on_drafting_under_way(steady: bool) -> None:
-    """A step that resumes drafting pays a dear first MTP decode (the catch-up rows queued
-    while idle, learnt from probes); one under way does not. Whether to take snapshots
-    for good is a question about drafting under way: priced on the resumption instead,
-    snapshot drafting that pays (here 10% over idling without them) looked like a loss."""
-    p = switching(snapshots=False)
-    p.costs.first.calibrate([(1, 0.010)])  # a resumption: five pure draft decodes' worth
-    p.compare_steady = steady
-    got = run_modes(p, 0.3, 200)
-    assert (len(got) == 1 and not p.replays) if steady else (got == [] and p.replays)
-
-
 def test_a_short_stint_of_snapshots_backs_the_next_off() -> None:
     """Snapshots left soon after they were taken (the acceptance estimates of idle sequences
     drift back towards the prior and would bring them back every few dozen steps) are

@@ -661,13 +661,6 @@ class DraftPolicy:
         self._ids: list[int] | None = None       # this choose()'s sequences, in batch order
         self._backlog: list[int] | None = None   # their replayed tokens (None: none)
         self._sunk = 0.0                          # what the replays cost a step that drafts nothing
-        self._steady = False                      # _rate prices drafting as under way (steady=True)
-        #: the rollback modes are compared on their steady state: a drafting step's first MTP
-        #: decode priced as a pure draft decode, not as a resumption's (whose catch-up backlog,
-        #: learnt from probes, made snapshot drafting look ~10% dearer than it runs: four
-        #: sequences at ~50% on a 2-core CPU sat idle without snapshots at 0.95x plain where
-        #: drafting k = 1..2 with them ran at 1.08x)
-        self.compare_steady = True
         self.estimated_tok_s = 0.0
         self.measured_tok_s = 0.0
         #: measured over estimated tokens/s (EWMA, count) of steps that drafted (True) and did not
@@ -802,7 +795,6 @@ class DraftPolicy:
         (``backlog=False``: as if nothing were being replayed -- a mode's steady state)."""
         self._secs.clear()
         self._ids = seqs
-        self._steady = not backlog and self.compare_steady
         bl = [cands[s].backlog if backlog else 0 for s in seqs]
         self._backlog = bl if any(bl) else None
         self._sunk = 0.0
@@ -1065,7 +1057,7 @@ class DraftPolicy:
         key = tuple(sorted(ks)) if self.costs.split is None and self._backlog is None else tuple(ks)
         secs = self._secs.get(key)
         if secs is None:
-            secs = self._secs[key] = self.costs.step_seconds(ks, self._backlog, self._ids, self._steady) - self._sunk
+            secs = self._secs[key] = self.costs.step_seconds(ks, self._backlog, self._ids) - self._sunk
         if self._rej is not None and len(self._rej) == len(ks):
             secs += self._rollback_seconds(ks, self._rej)
         rate = sum(t[k] for t, k in zip(tables, ks)) / secs

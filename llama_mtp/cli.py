@@ -129,7 +129,8 @@ _VERIFY = click.Choice(["auto", "greedy", "match", "rejection"])
               help="tokens a draft may propose: auto (a reduced vocabulary on a CPU), all, or N (the first N ids "
                    "plus the tokens the text brings)")
 @click.option("--recalibrate", is_flag=True,
-              help="measure decode costs again for --draft-max auto (else reused from the cache after the first run)")
+              help="measure decode costs again for --draft-max auto and forget what earlier runs' drafts learnt "
+                   "(else both are reused from the cache)")
 @click.option("-v", "--verbose", is_flag=True, help="show llama.cpp's log")
 def generate(model: str | None, prompt: str | None, prompt_file: str | None, max_tokens: int, temp: float, top_k: int,
              top_p: float, min_p: float, repeat_penalty: float, seed: int | None, stop: tuple[str, ...],

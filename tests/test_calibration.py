@@ -14,6 +14,7 @@ from helpers import GPU, count_decodes
 
 import llama_mtp as lm
 from llama_mtp.speculative import SpeculativeEngine, calibration
+from llama_mtp.speculative.engine import REMEMBERED_FAILS
 
 
 def _points(eng: SpeculativeEngine) -> dict[str, object]:
@@ -269,7 +270,8 @@ def test_an_engine_starts_from_what_the_last_one_learnt(planted: lm.Model, calib
     with _engine(planted) as b:
         assert b.calibration == "cached" and b.remembered
         assert b._acc_pool.hits == hits and b._acc_pool.tries == tries and b.rollback == mode
-        assert b._last_fails == doc["memory"]["fails"] and b.policy.idle_comparisons == doc["memory"]["idle"] == 7
+        assert b._last_fails == min(doc["memory"]["fails"], REMEMBERED_FAILS)
+        assert b.policy.idle_comparisons == doc["memory"]["idle"] == 7
     with _engine(planted, recalibrate=True) as c:  # measures again and forgets
         assert c.calibration == "measured" and not c.remembered and not any(c._acc_pool.tries)
 
@@ -303,6 +305,12 @@ def test_memory_decides_the_first_step(planted: lm.Model, calibration_cache: Pat
     assert _first_step_drafts(planted, None, calibration_cache) >= 1
     assert _first_step_drafts(planted, good, calibration_cache) == n
     assert _first_step_drafts(planted, bad, calibration_cache) == 0
+    # ... whose remembered backoff is cut short: a new engine probes again within a few steps
+    with _engine(planted) as e:
+        key = e._memory_key
+    assert key is not None and calibration.store_memory(key, bad) is not None
+    with _engine(planted) as e:
+        assert e.remembered and e._last_fails == REMEMBERED_FAILS < bad["fails"]  # type: ignore[operator]
 
 
 @pytest.mark.skipif(GPU, reason="offloaded layers keep the snapshots (no switching, no second context)")

@@ -103,6 +103,12 @@ EAGER_REFRESH = 4
 #: tokens than this drafts nothing in it: a rejection restores the state from before the
 #: replay, which then grows (the policy prices replaying it again; this bounds it).
 REPLAY_DRAFT_MAX = 4
+#: An engine that starts from an earlier one's memory takes its probe backoff up to this many
+#: failed drafts (a first probe within ``probe_gap * 2`` steps): a longer one, carried from
+#: sequence to sequence, outlasted every request of 48 tokens -- four sequences at ~50% on a
+#: 2-core CPU never probed again in a whole benchmark cell (shadow guesses kept the forced
+#: probe away) and idled at 0.93x plain where one-token drafts ran at 1.08x.
+REMEMBERED_FAILS = 2
 #: The adaptive policy's calibration times every decode shape in this many interleaved
 #: rounds (after one untimed round) and keeps the best of each -- fewer where one round
 #: takes longer than CALIBRATION_ROUND_S seconds (big batches time steadily).
@@ -731,7 +737,7 @@ class SpeculativeEngine:
             return
         pool.hits = [float(h) for h in memory["hits"]]
         pool.tries = [float(t) for t in memory["tries"]]
-        self._last_fails = min(int(memory["fails"]), 64)
+        self._last_fails = min(int(memory["fails"]), REMEMBERED_FAILS)
         if memory["rollback"] != self.rollback and self.policy.alt is not None and not self._seqs:
             self._switch_rollback(remembered=True)
         # how long snapshots have looked idle goes on counting where the last engine stopped

@@ -104,6 +104,26 @@ def engine(model: lm.Model, k: int | str, n_par: int, threads: int, n_ctx: int,
                              mtp=mtp, sampling=sampling(temperature), params=lm.ContextParams(n_threads=threads), **kw)
 
 
+def variant_engine(model: lm.Model, name: str, n_par: int, threads: int, n_ctx: int,
+                   temperature: float = 0.0) -> tuple[SpeculativeEngine, list[tuple[str, str]]]:
+    """An engine of the experiments' ``K[:VARIANT+VARIANT...]`` syntax: K an int (0: plain)
+    or ``auto``; ``rb=snapshots|checkpoint`` (rollback mode) and ``pol.NAME=X`` (a
+    DraftPolicy attribute) applied here; the other variants, as (key, value), are the
+    caller's to apply."""
+    base, _, spec = name.partition(":")
+    variants = [(key, val) for key, _, val in (v.partition("=") for v in spec.split("+") if v)]
+    rb = [val for key, val in variants if key == "rb"]
+    e = engine(model, base if base == "auto" else int(base), n_par, threads, n_ctx, temperature,
+               **({"rollback": rb[0]} if rb else {}))
+    rest = []
+    for key, val in variants:
+        if key.startswith("pol."):
+            setattr(e.policy, key[4:], type(getattr(e.policy, key[4:]))(float(val)))
+        elif key != "rb":
+            rest.append((key, val))
+    return e, rest
+
+
 def run_level(name: str, ks: list[int], pars: list[int], args: argparse.Namespace) -> dict[str, Any]:
     path, prompts = level_model(name, args.size)
     out: dict[str, Any] = {"model": path.name, "prompts": list(prompts)}

@@ -37,19 +37,12 @@ model = lm.Model(path)
 
 
 def make(name: str) -> SpeculativeEngine:
-    base, _, spec = name.partition(":")
-    variants = [v.partition("=") for v in spec.split("+") if v]
-    if any(key == "nomem" for key, _, _ in variants):
+    if "nomem" in name.partition(":")[2].split("+"):  # before the engine reads the memory
         for f in calibration.cache_root().glob("*.memory.json"):
             f.unlink()
-    rb = [val for key, _, val in variants if key == "rb"]
-    e = A.engine(model, base if base == "auto" else int(base), 1, 2, 4096, temp, **({"rollback": rb[0]} if rb else {}))
-    for key, _, val in variants:
-        if key == "rb":
-            continue
-        if key.startswith("pol."):
-            setattr(e.policy, key[4:], type(getattr(e.policy, key[4:]))(float(val)))
-        elif key != "nomem":
+    e, rest = A.variant_engine(model, name, 1, 2, 4096, temp)
+    for key, _ in rest:
+        if key != "nomem":
             raise SystemExit(f"unknown variant {key}")
     return e
 

@@ -35,14 +35,8 @@ FIELDS = ["prefill_s", "draft_s", "verify_s", "catch_up_s", "restore_s", "switch
 
 
 def make(name: str) -> SpeculativeEngine:
-    base, _, spec = name.partition(":")
-    k: int | str = base if base == "auto" else int(base)
-    variants = [v.partition("=") for v in spec.split("+") if v]
-    rb = [val for key, _, val in variants if key == "rb"]
-    e = A.engine(model, k, n_par, 2, 4096, temp, **({"rollback": rb[0]} if rb else {}))
-    for key, _, val in variants:
-        if key == "rb":
-            continue
+    e, rest = A.variant_engine(model, name, n_par, 2, 4096, temp)
+    for key, val in rest:
         if key == "noeager":
             e.eager_idle = 0
         elif key == "eagerratio":
@@ -53,8 +47,6 @@ def make(name: str) -> SpeculativeEngine:
             def real(self: Any, accs: Any, cap: int, others: int = 0, steady: Any = steady) -> list[float]:
                 return [r * self.realism for r in steady(accs, cap, others)]
             e.policy.steady_ratios = types.MethodType(real, e.policy)  # type: ignore[method-assign]
-        elif key.startswith("pol."):
-            setattr(e.policy, key[4:], type(getattr(e.policy, key[4:]))(float(val)))
         else:
             raise SystemExit(f"unknown variant {key}")
     return e

@@ -961,7 +961,8 @@ class DraftPolicy:
 
     def start_in_alt(self) -> None:
         """The engine starts in the alternative rollback mode (the one an earlier engine
-        ended in): its costs become the current ones; no switch is counted or timed."""
+        ended in): its costs become the current ones, last step's choices are forgotten; no
+        switch is counted or timed (:meth:`switched` does this and that)."""
         self._swap()
         self._last, self._quiet, self._quiet_run, self._kind = {}, 0, 0, None
 
@@ -970,10 +971,9 @@ class DraftPolicy:
         if not self.replays:  # leaving snapshots: a short stint backs the next one off
             short = self._since_switch < self.SWITCH_SHORT * self.switch_dwell
             self._snap_backoff = min(self.SWITCH_BACKOFF_MAX, 2 * self._snap_backoff) if short else 1
-        self._swap()
+        self.start_in_alt()
         self.switch_s = _ewma(self.switch_s, seconds, 0.5)
         self._adv, self._adv_n, self._since_switch, self.switch_wanted, self.idle_comparisons = 0.0, 0, 0, False, 0
-        self._last, self._quiet, self._quiet_run, self._kind = {}, 0, 0, None
         self.switches += 1
 
     def paid(self, ks: list[int], i: int, accepted: int, ids: list[int] | None = None) -> bool:

@@ -119,6 +119,20 @@ CALIBRATION_ROUND_S = 1.0
 #: fewer once the rounds took TAX_S seconds.
 TAX_ROUNDS = 8
 TAX_S = 1.0
+#: ... but never fewer than this many (a median of two once priced the context without
+#: snapshots 25% dearer than the one with them: see SpeculativeEngine._plausible)
+TAX_MIN_ROUNDS = 4
+#: A measured ratio of the other mode's decode to this one's may sit this far on the wrong
+#: side of 1 (snapshots cheaper than none: timing noise) before a cached calibration is
+#: measured again; a new measurement is clamped to 1 there.
+TAX_SLACK = 0.03
+
+
+def _tax_side(ratio: float, alt_replays: bool, slack: float = TAX_SLACK) -> float:
+    """``ratio`` (the other mode's decode over this mode's) moved onto its physical side of
+    1, beyond ``slack``: at most 1 where the other mode has no snapshots (``alt_replays``),
+    at least 1 where it has them."""
+    return min(ratio, 1.0 + slack) if alt_replays else max(ratio, 1.0 - slack)
 
 
 class ContextLengthError(LlamaError, ValueError):
@@ -708,6 +722,9 @@ class SpeculativeEngine:
             material = None
         self._memory_key = material
         costs = None if self._recalibrate or material is None else calibration.load(material)
+        if costs is not None and not self._plausible(costs):
+            _log.info("cached calibration prices the rollback modes the wrong way round: measuring again")
+            costs = None
         if costs is not None:
             self._apply_costs(costs)
             self.calibration = "cached"
@@ -772,6 +789,23 @@ class SpeculativeEngine:
             "split": self.policy.costs.split, "alt": self.policy.alt is not None,
             "alt_replays": self.policy.alt_replays,
         }
+
+    def _plausible(self, costs: dict[str, Any]) -> bool:
+        """Whether a calibration's other-mode verify curves lie on the physical side of this
+        mode's: snapshots are extra work on every decode, so a context without them is never
+        dearer (within TAX_SLACK). One measured the other way round (eight sequences on a
+        2-core CPU once timed the context without snapshots 25% *dearer*, from two rounds)
+        had the engine switch back and forth for a whole run, and a cache kept it."""
+        alt = costs.get("alt")
+        if alt is None:
+            return True
+        for n_seqs, pts in alt["verify"].items():
+            mine = {int(r): float(t) for r, t in costs["verify"].get(n_seqs, [])}
+            for r, t in pts:
+                ratio = float(t) / mine[int(r)] if mine.get(int(r)) else None
+                if ratio is not None and _tax_side(ratio, self.policy.alt_replays) != ratio:
+                    return False
+        return True
 
     def _apply_costs(self, costs: dict[str, Any]) -> None:
         """Start the policy's cost model from a calibration (:func:`.calibration.valid`):
@@ -924,10 +958,11 @@ class SpeculativeEngine:
                     t2 = time.perf_counter()
                     if rnd > 0:  # round 0 warms the new context's shapes up
                         ratios[n, per].append((t1 - t0) / (t2 - t1) if first is other else (t2 - t1) / (t1 - t0))
-                if rnd >= 2 and time.perf_counter() - t_start > TAX_S:
+                if rnd >= TAX_MIN_ROUNDS and time.perf_counter() - t_start > TAX_S:
                     break
             for n_seqs, shapes in layouts.items():
-                pts = sorted((per, float(np.median(ratios[n, per]))) for n, per in shapes if ratios.get((n, per)))
+                pts = sorted((per, _tax_side(float(np.median(ratios[n, per])), self.policy.alt_replays, 0.0))
+                             for n, per in shapes if ratios.get((n, per)))
                 if not pts:
                     continue
                 xs, ys = [p for p, _ in pts], [t for _, t in pts]

@@ -334,7 +334,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="k in {1,3,6}, 2 repeats, 64 tokens")
     ap.add_argument("--draft", default="1-6", help="draft lengths, e.g. 1-6 or 1,3")
     ap.add_argument("--levels", default="50,75,97", help="acceptance levels in percent")
-    ap.add_argument("--parallel", default="4,8", help="parallel counts for the server comparison")
+    ap.add_argument("--parallel", default="4,8", help="parallel counts for the server comparison ('' for none)")
     ap.add_argument("--parallel-k", type=int, default=3, help="draft length of the parallel comparison")
     ap.add_argument("--size", default="0.3b", choices=sorted(models.SIZES), help="benchmark model size")
     ap.add_argument("--gpu-layers", type=int, default=None,
@@ -355,6 +355,8 @@ def main() -> None:
     ks = draft_lengths(args.draft)
     levels = [int(x) / 100 for x in args.levels.split(",")]
     pars = [int(x) for x in args.parallel.split(",") if x.strip()]
+    if any(n < 1 for n in pars):  # before the run: llama-server refuses them after the one-sequence part
+        ap.error(f"--parallel {args.parallel!r}: sequence counts are 1 or more ('' for no parallel comparison)")
     t_start = time.time()
 
     bins = upstream.prebuilt(args.upstream_bin)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 import time
@@ -31,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import models  # noqa: E402
-from compare_upstream import RESULTS, add_common_args, describe, draft_lengths, machine, model_line  # noqa: E402
+from compare_upstream import add_common_args, describe, draft_lengths, machine, model_line  # noqa: E402
 
 import llama_mtp as lm  # noqa: E402
 from llama_mtp.speculative import SpeculativeEngine  # noqa: E402
@@ -41,17 +40,7 @@ GREEDY = lm.SamplingParams(temperature=0.0)
 PROMPTS = ("word0 word1 word2 word3", "word130 word131 word132", "word260 word261 word262")
 # the shift model's blind span is pieces 40..89: windows that cross it, and one that starts inside it
 SHIFT_PROMPTS = ("word0 word1 word2 word3", "word20 word21 word22", "word60 word61 word62")
-#: sentence pieces between the windows of one prompt's parallel sequences. Copies of one
-#: prompt decoded greedily run in lockstep -- every draft accepted or rejected by all of
-#: them at once, which no real batch does (and which favours fixed draft lengths: their
-#: rows stay level whatever is rejected) -- so sequence j starts SPREAD * j pieces on.
-SPREAD = 5
-
-
-def spread(prompt: str, j: int) -> str:
-    """Parallel sequence ``j``'s prompt: ``prompt`` moved ``SPREAD * j`` pieces along the planted text."""
-    n = len(models.WORDS.split())
-    return re.sub(r"word(\d+)", lambda m: f"word{(int(m.group(1)) + SPREAD * j) % n}", prompt)
+SPREAD, spread = models.SPREAD, models.spread  # (the experiments' scripts use them from here)
 
 
 def level_model(name: str, size: str = "0.3b") -> tuple[Path, tuple[str, ...]]:
@@ -175,7 +164,7 @@ def run_level(name: str, ks: list[int], pars: list[int], args: argparse.Namespac
                 "best_fixed_k": best_k,
                 "auto_vs_plain": round(vs_plain["auto"], 4),
                 "auto_vs_best_fixed": round(statistics.median(
-                    a / b for a, b in zip(pairs["auto"], pairs[best_k])), 4),
+                    a / b for a, b in zip(pairs["auto"], pairs[best_k], strict=True)), 4),
                 "best_fixed_vs_plain": round(vs_plain[best_k], 4),
             }
             c = out[str(n_par)]

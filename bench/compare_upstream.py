@@ -205,13 +205,15 @@ class Server:
         self.close()
 
 
-def up_parallel(server: Server, prompt: str, n: int, n_par: int) -> tuple[float, float, list[str]]:
+def up_parallel(server: Server, prompts: list[str], n: int) -> tuple[float, float, list[str]]:
+    """Aggregate tok/s, acceptance and texts of one request per prompt, sent at once."""
+    n_par = len(prompts)
     results: list[dict[str, Any]] = [{}] * n_par
     errors: list[BaseException] = []
 
     def go(i: int) -> None:
         try:
-            results[i] = server.complete(prompt, n)
+            results[i] = server.complete(prompts[i], n)
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -251,12 +253,15 @@ class Ours:
                 params=lm.ContextParams(n_threads=self.threads))
         return self.engines[key]
 
-    def run(self, prompt: str, n: int, k: int | str, n_par: int = 1) -> tuple[float, float, list[str], dict[str, float]]:
+    def run(self, prompt: str | list[str], n: int, k: int | str) -> tuple[float, float, list[str], dict[str, float]]:
+        """One generation of ``n`` tokens from each prompt (a list: that many sequences at once)."""
+        prompts = [prompt] if isinstance(prompt, str) else prompt
+        n_par = len(prompts)
         eng = self.engine(n_par, k)
         before = eng.stats.as_dict()
-        toks = self.model.tokenize(prompt)
+        toks = [self.model.tokenize(p) for p in prompts]
         t0 = time.perf_counter()
-        ids = eng.add_many([dict(prompt=toks, max_tokens=n, ignore_eos=True) for _ in range(n_par)])
+        ids = eng.add_many([dict(prompt=t, max_tokens=n, ignore_eos=True) for t in toks])
         t1 = time.perf_counter()
         while eng.active:
             eng.step()
@@ -336,6 +341,9 @@ def main() -> None:
     ap.add_argument("--levels", default="50,75,97", help="acceptance levels in percent")
     ap.add_argument("--parallel", default="4,8", help="parallel counts for the server comparison ('' for none)")
     ap.add_argument("--parallel-k", type=int, default=3, help="draft length of the parallel comparison")
+    ap.add_argument("--lockstep", action="store_true",
+                    help="every parallel request the same prompt (runs before 2026-12-07 14:00; default: "
+                         "sequence j starts 5 j words on, so drafts are not all accepted or rejected at once)")
     ap.add_argument("--size", default="0.3b", choices=sorted(models.SIZES), help="benchmark model size")
     ap.add_argument("--gpu-layers", type=int, default=None,
                     help="layers to offload, both sides (-ngl); default: llama.cpp's (all, on a GPU build)")
@@ -366,7 +374,8 @@ def main() -> None:
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M"), "machine": machine(),
                               "llama_cpp_commit": lm.build_info()["llama_cpp_commit"],
                               "settings": {"tokens": args.tokens, "repeat": args.repeat, "threads": args.threads,
-                                           "n_ctx": args.n_ctx, "draft_lengths": ks, "parallel_k": args.parallel_k, "size": args.size,
+                                           "n_ctx": args.n_ctx, "draft_lengths": ks, "parallel_k": args.parallel_k,
+                                           "parallel_prompts": "lockstep" if args.lockstep else "spread", "size": args.size,
                                            "n_params": models.n_params(models.base_spec(args.size)),
                                            "gpu_layers": args.gpu_layers, "draft_vocab": args.draft_vocab,
                                            "upstream": str(args.upstream_bin or "") or upstream.cmake_flags()},
@@ -447,20 +456,21 @@ def run_parallel(bins: dict[str, Path], path: Path, ours: Ours, prompt: str, par
     n = max(32, args.tokens // 2)
     for n_par in pars:
         cell = Cell()
+        prompts = [prompt if args.lockstep else models.spread(prompt, j) for j in range(n_par)]
         with Server(bins, path, n_par, k, args.threads, args.n_ctx) as srv:
-            up_parallel(srv, prompt, 16, n_par)  # warm-up
-            ours.run(prompt, 16, k, n_par)
-            ours.run(prompt, 16, "auto", n_par)
+            up_parallel(srv, prompts, 16)  # warm-up
+            ours.run(prompts, 16, k)
+            ours.run(prompts, 16, "auto")
             auto_runs: list[float] = []
             for r in range(args.repeat):
-                theirs, acc_up, texts_up = up_parallel(srv, prompt, n, n_par)
-                mine, acc, texts, split = ours.run(prompt, n, k, n_par)
+                theirs, acc_up, texts_up = up_parallel(srv, prompts, n)
+                mine, acc, texts, split = ours.run(prompts, n, k)
                 cell.theirs.append(theirs)
                 cell.ours.append(mine)
                 cell.ours_acc, cell.theirs_acc, cell.split = round(acc, 4), round(acc_up, 4), split
-                same = all(_same(a, b, 20) for a, b in zip(texts, texts_up))
+                same = all(_same(a, b, 20) for a, b in zip(texts, texts_up, strict=True))
                 cell.same_output = same if cell.same_output is None else (cell.same_output and same)
-                auto, _, _, _ = ours.run(prompt, n, "auto", n_par)
+                auto, _, _, _ = ours.run(prompts, n, "auto")
                 auto_runs.append(auto)
                 print(f"  [{r + 1}/{args.repeat}] parallel {n_par}: ours {mine:6.1f} (auto {auto:6.1f})  llama-server "
                       f"{theirs:6.1f} tok/s (aggregate)  acceptance {acc:.3f} / {acc_up:.3f}", flush=True)
@@ -511,7 +521,12 @@ def markdown(r: dict[str, Any]) -> str:
                 auto = c["ours_auto_tok_s"]
                 lines.append(f"| ~{tag}% | {n_par} | {c['ours_tok_s']:.1f} | {auto:.1f} | {c['upstream_tok_s']:.1f} | "
                              f"**{c['ratio']:.3f}x** | **{c.get('auto_ratio', auto / c['upstream_tok_s']):.3f}x** |")
-        lines.append("")
+        how = r["settings"].get("parallel_prompts", "lockstep")
+        lines += ["Parallel: N requests at once, " + (
+            "all of the same prompt (in lockstep: every draft accepted or rejected by all of them at once)"
+            if how == "lockstep" else "sequence j's prompt 5 j words further along the text (spread: their drafts "
+            "are accepted and rejected independently, as in a real batch)")
+            + "; tok/s: every token over the wall clock from the first request to the last reply.", ""]
     # time split of our step, from the k=3 cells
     lines += ["Our step, time split at k=3 (seconds over one generation):", ""]
     for tag, cells in r["mtp"].items():

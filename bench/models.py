@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -32,6 +33,17 @@ WORDS = " ".join(f"word{i}" for i in range(400)) + "."
 #: and DRAFT_VOCAB_AUTO, so the reduced and the full head draft the same tokens here.
 MTP_NOISE_VOCAB = 4096
 PROMPT = "word0 word1 word2 word3"
+#: sentence pieces between the windows of one prompt's parallel sequences. Copies of one
+#: prompt decoded greedily run in lockstep -- every draft accepted or rejected by all of
+#: them at once, which no real batch does (and which favours fixed draft lengths: their
+#: rows stay level whatever is rejected) -- so sequence j starts SPREAD * j pieces on.
+SPREAD = 5
+
+
+def spread(prompt: str, j: int) -> str:
+    """Parallel sequence ``j``'s prompt: ``prompt`` moved ``SPREAD * j`` pieces along the planted text."""
+    n = len(WORDS.split())
+    return re.sub(r"word(\d+)", lambda m: f"word{(int(m.group(1)) + SPREAD * j) % n}", prompt)
 
 #: Model sizes (shape overrides of ``base_spec``). "0.3b" is the CPU benchmark model;
 #: "1.6b" a Qwen3.5-2B-like layer mix (24 layers, 18 Gated-DeltaNet + 6 attention,

@@ -85,6 +85,46 @@ def test_lossless_greedy(model_path, name: str, draft_max: int | str, n_seq: int
         assert stats.checkpoint_restores == 0  # n_rs_seq snapshots covered every rollback
 
 
+@pytest.mark.skipif(GPU, reason="a GPU build may offload the recurrent layers")
+@pytest.mark.parametrize("n_seq", [1, 2])
+def test_a_sequence_near_its_end_drafts_level_with_the_others(model_path, n_seq: int) -> None:
+    """On recurrent memory llama.cpp cuts a verify whose sequences carry different row
+    counts into micro-batches: a fixed-k sequence a few tokens from max_tokens drafts on
+    to k where the others do, so the verify stays one pass. What lies past max_tokens is
+    verified but never emitted, nor counted in the stats; alone, it drafts only what it
+    can emit."""
+    path = str(model_path("planted"))
+    model = _models(path)
+    prompts = [model.tokenize(t) for t in PROMPTS[:n_seq]]
+    lengths = [10, 40][:n_seq]
+    with SpeculativeEngine(model, max_sequences=n_seq, n_ctx=256, draft_max=3, sampling=GREEDY) as eng:
+        asked: list[tuple[int, int, int]] = []  # (sequence, draft length asked, tokens it may still emit)
+        limit: dict[int, int] = {}
+        draft = eng.drafter.draft  # type: ignore[union-attr]
+
+        def spy(reqs):  # type: ignore[no-untyped-def]
+            for r in reqs:
+                asked.append((r.seq, r.n_max, limit[r.seq] - len(eng.sequence(r.seq).tokens)))
+            return draft(reqs)
+        eng.drafter.draft = spy  # type: ignore[union-attr,method-assign]
+        ids = eng.add_many([dict(prompt=p, max_tokens=n) for p, n in zip(prompts, lengths)])
+        limit.update(zip(ids, lengths))
+        while eng.active:
+            eng.step()
+        states = [eng.sequence(i) for i in ids]
+    for p, n, st in zip(prompts, lengths, states):
+        assert_greedy_matches(st.tokens, reference(path, tuple(p), n))
+    short = [(k, left) for seq, k, left in asked if seq == ids[0]]
+    if n_seq == 1:
+        assert all(k <= left - 1 for k, left in short)
+    else:
+        assert any(k == 3 and k > left - 1 for k, left in short)  # drafted past its end, level with the other
+    st = states[0]
+    assert st.stats.draft_n_accepted == st.stats.draft_n  # planted: every counted draft landed ...
+    # ... and each was emitted: a step's drafts and its own token, after the prompt's first token
+    assert 1 + st.stats.steps + st.stats.draft_n == len(st.tokens) == lengths[0]
+
+
 @pytest.mark.parametrize("draft_max", [1, 3])
 def test_checkpoint_replays_stay_bounded(model_path, draft_max: int) -> None:
     """After a checkpoint restore the accepted tokens are replayed in the next verify. A

@@ -658,10 +658,12 @@ class SpeculativeEngine:
         k = q.spec.draft_max if q.spec.draft_max != "auto" else self.draft_max
         return min(k, self.draft_max)
 
-    def _plan(self, q: _Seq) -> int:
-        """The most draft tokens this sequence may verify this step (any drafter)."""
+    def _plan(self, q: _Seq, past_end: bool = False) -> int:
+        """The most draft tokens this sequence may verify this step (any drafter);
+        ``past_end``: past max_tokens too (:meth:`_level_tail`)."""
         k = max(self._mtp_k(q), q.spec.ngram_max if q.spec.ngram else 0)
-        k = min(k, q.max_tokens - len(q.state.tokens) - 1)      # never draft past max_tokens
+        if not past_end:
+            k = min(k, q.max_tokens - len(q.state.tokens) - 1)  # never draft past max_tokens
         k = min(k, self.n_ctx_seq - 1 - q.pos0)                 # nor past the context
         if q.n_backlog > REPLAY_DRAFT_MAX and not self._exact:
             # a long replay rides in this verify: a checkpoint taken before it would not hold
@@ -1068,6 +1070,7 @@ class SpeculativeEngine:
                     cands[q.seq] = Candidate(cap, q.acc, None if q.spec.draft_max == "auto" else cap, q.idle,
                                              q.n_backlog)
             ks = self.policy.choose(cands)
+        ks = self._level_tail(runnable, ks, ngram_d)
         room = self.target.n_batch - sum(q.n_backlog + 1 for q in runnable)
         while sum(ks.values()) > room:
             s = max(ks, key=lambda x: ks[x])
@@ -1160,7 +1163,9 @@ class SpeculativeEngine:
             else:  # sample-and-match (also for deterministic drafts, e.g. n-gram, under "rejection")
                 mode = "match"
                 n_acc, new = verify_match(rows, d, q.sampler, q.history)
-            q.state.stats.record(source[q.seq], k, n_acc, mode if k else None)
+            # drafts past max_tokens (_level_tail) are verified, never emitted: not in the stats
+            left = q.max_tokens - len(q.state.tokens) - 1
+            q.state.stats.record(source[q.seq], min(k, left), min(n_acc, left), mode if k else None)
             if source[q.seq] == "mtp" and q.acc is not None:
                 paid = None
                 if q.spec.draft_max == "auto":  # whether its draft earned its cost spaces out the probes
@@ -1266,6 +1271,29 @@ class SpeculativeEngine:
             self._acc_pool.observe(1, hit, shadow=True)
             if hit:
                 self.policy.wake()
+
+    def _level_tail(self, runnable: list[_Seq], ks: dict[int, int], ngram_d: dict[int, list[int]]) -> dict[int, int]:
+        """Fixed-length MTP drafts cut short by max_tokens, drafted on to their length where
+        that makes an uneven verify one decode pass. On recurrent memory llama.cpp cuts a
+        verify whose sequences carry different row counts into micro-batches: eight
+        sequences at k = 3 on a 2-core CPU, a step where one of them had two tokens left
+        took 215..250 ms against ~120 for a level one -- three more rows cost far less. The
+        tokens past max_tokens are verified, never emitted (nor counted in the stats)."""
+        if self.drafter is None or len(runnable) < 2 or self.policy.costs.split is None:
+            return ks
+        ids = [q.seq for q in runnable]
+        layout = [1 + q.n_backlog + ks[q.seq] for q in runnable]
+        if self.policy.costs.single_ubatch(layout, ids):
+            return ks
+        out = dict(ks)
+        for q in runnable:
+            # (not under rejection sampling: drafting consumes randomness there, and a seeded
+            # sequence makes the same tokens alone or next to others)
+            if (q.spec.draft_max != "auto" and q.seq not in ngram_d and ks[q.seq] < self._mtp_k(q)
+                    and self._mode(q) != "rejection"):
+                out[q.seq] = max(ks[q.seq], min(self._mtp_k(q), self._plan(q, past_end=True)))
+        level = [1 + q.n_backlog + out[q.seq] for q in runnable]
+        return out if self.policy.costs.single_ubatch(level, ids) else ks
 
     def _mode(self, q: _Seq) -> str:
         v = q.spec.verify

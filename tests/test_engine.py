@@ -125,6 +125,66 @@ def test_a_sequence_near_its_end_drafts_level_with_the_others(model_path, n_seq:
     assert 1 + st.stats.steps + st.stats.draft_n == len(st.tokens) == lengths[0]
 
 
+@pytest.mark.parametrize(("draft_max", "rollback"), [(0, "snapshots"), (3, "snapshots"), (3, "checkpoint"),
+                                                    ("auto", "auto")])
+def test_a_finished_sequence_leaves_no_gap_in_the_slots(model_path, draft_max: int | str, rollback: str) -> None:
+    """A sequence that finishes in the middle of the slots: the highest live one moves into
+    its slot (with a KV stream per sequence llama.cpp cuts a batch at gaps in the ids).
+    Outputs and public ids do not change; a new sequence takes the lowest free id and the
+    free slot, whatever number that is."""
+    path = str(model_path("noisy"))
+    model = _models(path)
+    prompts = [model.tokenize(t) for t in PROMPTS]
+    lengths = [30, 6, 30, 26]
+    with SpeculativeEngine(model, max_sequences=4, n_ctx=256, draft_max=draft_max, mtp=draft_max != 0,
+                           sampling=GREEDY, rollback=rollback) as eng:  # type: ignore[arg-type]
+        if draft_max == "auto":
+            pin_costs(eng)
+        ids = eng.add_many([dict(prompt=p, max_tokens=n) for p, n in zip(prompts, lengths)])
+        assert ids == [0, 1, 2, 3]
+        events: dict[int, list[int]] = {i: [] for i in ids}
+        late, short = None, None
+        while eng.active:
+            for ev in eng.step():
+                events[ev.seq_id] += ev.tokens
+            if late is None and eng.stats.slot_moves:
+                assert sorted(eng._seqs) == [0, 1, 2] and eng._ids[3] == 1  # the last one moved down
+                short = eng.remove(1).tokens  # (finished: its state)
+                late = eng.add(prompts[1], max_tokens=12)
+                assert late == 1 and eng._ids[late] == 3  # id 1 is free again; slot 3 is the free one
+        assert late is not None and short is not None
+        for i, p, n in zip(ids, prompts, lengths):
+            got = short if i == 1 else eng.sequence(i).tokens
+            assert_greedy_matches(got, reference(path, tuple(p), n))
+        assert events[3] == eng.sequence(3).tokens[1:]  # its events under its own id (the first token: at add)
+        assert_greedy_matches(eng.sequence(late).tokens, reference(path, tuple(prompts[1]), 12))
+        assert set(eng.results()) == {0, 1, 2, 3}
+
+
+def test_a_state_that_does_not_move_is_replayed(model_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A move whose state copy fails replays the sequence from its history in its new slot."""
+    path = str(model_path("noisy"))
+    model = _models(path)
+    prompts = [model.tokenize(t) for t in PROMPTS[:3]]
+    lengths = [20, 4, 24]
+    with SpeculativeEngine(model, max_sequences=3, n_ctx=256, draft_max=3, sampling=GREEDY) as eng:
+        ids = eng.add_many([dict(prompt=p, max_tokens=n) for p, n in zip(prompts, lengths)])
+
+        refused = []
+
+        def refuse(*a: object, **k: object) -> None:
+            refused.append(a)
+            raise lm.LlamaError("no room")
+        monkeypatch.setattr(eng.target, "checkpoint", refuse)
+        while eng.active:
+            eng.step()
+            if eng.stats.slot_moves:
+                monkeypatch.undo()
+        assert eng.stats.slot_moves >= 1 and len(refused) == 1
+        for i, p, n in zip(ids, prompts, lengths):
+            assert_greedy_matches(eng.sequence(i).tokens, reference(path, tuple(p), n))
+
+
 @pytest.mark.parametrize("draft_max", [1, 3])
 def test_checkpoint_replays_stay_bounded(model_path, draft_max: int) -> None:
     """After a checkpoint restore the accepted tokens are replayed in the next verify. A

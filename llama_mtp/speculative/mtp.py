@@ -207,6 +207,18 @@ class MTPDrafter:
         self._queues.pop(seq, None)
         self.ctx.memory.seq_rm(seq, -1, -1)
 
+    def move(self, src: int, dst: int) -> None:
+        """Move sequence ``src``'s MTP memory and queue to the free slot ``dst``."""
+        if self.ctx.memory.pos_max(src) >= 0:
+            self.ctx.restore(self.ctx.checkpoint(src), dst)
+        else:
+            self.ctx.memory.seq_rm(dst, -1, -1)
+        self.ctx.memory.seq_rm(src, -1, -1)
+        q = self._queues.pop(src, None)
+        self._queues.pop(dst, None)
+        if q is not None:
+            self._queues[dst] = q
+
     def rewind(self, seq: int, pos: int) -> None:
         """Make the MTP state of ``seq`` consistent after an interrupted decode: the
         memory holds exactly the decoded catch-up entries, the queue the rest, and

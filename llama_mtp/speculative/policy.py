@@ -947,6 +947,14 @@ class DraftPolicy:
         own and every other sequence's), else its own."""
         return (acc.parent if acc.parent is not None else acc).tries[0]
 
+    def moved(self, src: int, dst: int) -> None:
+        """The engine moved sequence ``src`` to slot ``dst``: its last draft length goes with it."""
+        k = self._last.pop(src, None)
+        self._last.pop(dst, None)
+        if k is not None:
+            self._last[dst] = k
+        self._quiet = self._quiet_run = 0
+
     def wake(self) -> None:
         """Evidence that drafting may pay came in without a draft (a shadow guess the target
         confirmed): the next step searches again instead of reusing a quiet search. (A

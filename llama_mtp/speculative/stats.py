@@ -114,6 +114,8 @@ class EngineStats:
     step_s: float = 0.0              # wall time inside step()
     steps: int = 0
     rollback_switches: int = 0       # rollback="auto": snapshots <-> checkpoints while running
+    slot_moves: int = 0              # sequences moved to a lower free slot (SpeculativeEngine._compact)
+    move_s: float = 0.0              # ... their state copies (in restore_s too)
     spec: SpecStats = field(default_factory=SpecStats)
     estimated_tok_s: float = 0.0     # what the adaptive draft-length policy expected of the last step
                                      # (0 where no sequence chose its length)

@@ -515,9 +515,8 @@ class SpeculativeEngine:
             new.append(self._make_seq(taken=taken, **req))
             taken.add(new[-1].sid)
         free = [s for s in range(self.max_sequences) if s not in self._seqs]
-        for q in new:  # its id's slot where that is free, else the lowest free one
-            q.slot = q.sid if q.sid in free else free[0]
-            free.remove(q.slot)
+        for q, slot in zip(new, free, strict=False):  # the lowest free slots (a higher one would be moved down at once)
+            q.slot = slot
         for q in new:
             self._seqs[q.slot] = q
             self._ids[q.sid] = q.slot

@@ -205,15 +205,17 @@ class Server:
         self.close()
 
 
-def up_parallel(server: Server, prompts: list[str], n: int) -> tuple[float, float, list[str]]:
-    """Aggregate tok/s, acceptance and texts of one request per prompt, sent at once."""
+def up_parallel(server: Server, prompts: list[str], n: int | list[int]) -> tuple[float, float, list[str]]:
+    """Aggregate tok/s, acceptance and texts of one request per prompt (of ``n`` tokens, or
+    ``n[i]`` for prompt i), sent at once."""
     n_par = len(prompts)
+    lengths = n if isinstance(n, list) else [n] * n_par
     results: list[dict[str, Any]] = [{}] * n_par
     errors: list[BaseException] = []
 
     def go(i: int) -> None:
         try:
-            results[i] = server.complete(prompts[i], n)
+            results[i] = server.complete(prompts[i], lengths[i])
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
@@ -253,15 +255,18 @@ class Ours:
                 params=lm.ContextParams(n_threads=self.threads))
         return self.engines[key]
 
-    def run(self, prompt: str | list[str], n: int, k: int | str) -> tuple[float, float, list[str], dict[str, float]]:
-        """One generation of ``n`` tokens from each prompt (a list: that many sequences at once)."""
+    def run(self, prompt: str | list[str], n: int | list[int], k: int | str) -> tuple[float, float, list[str],
+                                                                                  dict[str, float]]:
+        """One generation of ``n`` tokens (or ``n[i]`` for prompt i) from each prompt (a list:
+        that many sequences at once)."""
         prompts = [prompt] if isinstance(prompt, str) else prompt
         n_par = len(prompts)
+        lengths = n if isinstance(n, list) else [n] * n_par
         eng = self.engine(n_par, k)
         before = eng.stats.as_dict()
         toks = [self.model.tokenize(p) for p in prompts]
         t0 = time.perf_counter()
-        ids = eng.add_many([dict(prompt=t, max_tokens=n, ignore_eos=True) for t in toks])
+        ids = eng.add_many([dict(prompt=t, max_tokens=m, ignore_eos=True) for t, m in zip(toks, lengths, strict=True)])
         t1 = time.perf_counter()
         while eng.active:
             eng.step()
@@ -341,6 +346,9 @@ def main() -> None:
     ap.add_argument("--levels", default="50,75,97", help="acceptance levels in percent")
     ap.add_argument("--parallel", default="4,8", help="parallel counts for the server comparison ('' for none)")
     ap.add_argument("--parallel-k", type=int, default=3, help="draft length of the parallel comparison")
+    ap.add_argument("--mixed-lengths", action="store_true",
+                    help="parallel requests of different lengths (64, 52, 40, 60, ... for 8 of 64 tokens): "
+                         "they end at different times, as requests ending at end-of-generation tokens do")
     ap.add_argument("--lockstep", action="store_true",
                     help="every parallel request the same prompt (runs before 2026-12-07 14:00; default: "
                          "sequence j starts 5 j words on, so drafts are not all accepted or rejected at once)")
@@ -375,7 +383,8 @@ def main() -> None:
                               "llama_cpp_commit": lm.build_info()["llama_cpp_commit"],
                               "settings": {"tokens": args.tokens, "repeat": args.repeat, "threads": args.threads,
                                            "n_ctx": args.n_ctx, "draft_lengths": ks, "parallel_k": args.parallel_k,
-                                           "parallel_prompts": "lockstep" if args.lockstep else "spread", "size": args.size,
+                                           "parallel_prompts": "lockstep" if args.lockstep else "spread",
+                                           "parallel_lengths": "mixed" if args.mixed_lengths else "equal", "size": args.size,
                                            "n_params": models.n_params(models.base_spec(args.size)),
                                            "gpu_layers": args.gpu_layers, "draft_vocab": args.draft_vocab,
                                            "upstream": str(args.upstream_bin or "") or upstream.cmake_flags()},
@@ -453,10 +462,13 @@ def run_parallel(bins: dict[str, Path], path: Path, ours: Ours, prompt: str, par
                  args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
     k = args.parallel_k
-    n = max(32, args.tokens // 2)
+    n0 = max(32, args.tokens // 2)
     for n_par in pars:
         cell = Cell()
         prompts = [prompt if args.lockstep else models.spread(prompt, j) for j in range(n_par)]
+        # --mixed-lengths: request j stops after n - (n / 2) * ((3 j) mod N) / N tokens, so
+        # they end at different times, not in the order of their slots
+        n = [n0 - n0 // 2 * ((3 * j) % n_par) // n_par for j in range(n_par)] if args.mixed_lengths else n0
         with Server(bins, path, n_par, k, args.threads, args.n_ctx) as srv:
             up_parallel(srv, prompts, 16)  # warm-up
             ours.run(prompts, 16, k)
@@ -526,6 +538,8 @@ def markdown(r: dict[str, Any]) -> str:
             "all of the same prompt (in lockstep: every draft accepted or rejected by all of them at once)"
             if how == "lockstep" else "sequence j's prompt 5 j words further along the text (spread: their drafts "
             "are accepted and rejected independently, as in a real batch)")
+            + ("; request j of N stops after n - (n / 2) ((3 j) mod N) / N tokens (they end at different times)"
+               if r["settings"].get("parallel_lengths") == "mixed" else "")
             + "; tok/s: every token over the wall clock from the first request to the last reply.", ""]
     # time split of our step, from the k=3 cells
     lines += ["Our step, time split at k=3 (seconds over one generation):", ""]

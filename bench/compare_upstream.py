@@ -205,11 +205,10 @@ class Server:
         self.close()
 
 
-def up_parallel(server: Server, prompts: list[str], n: int | list[int]) -> tuple[float, float, list[str]]:
-    """Aggregate tok/s, acceptance and texts of one request per prompt (of ``n`` tokens, or
-    ``n[i]`` for prompt i), sent at once."""
+def up_parallel(server: Server, prompts: list[str], lengths: list[int]) -> tuple[float, float, list[str]]:
+    """Aggregate tok/s, acceptance and texts of one request per prompt (of ``lengths[i]``
+    tokens), sent at once."""
     n_par = len(prompts)
-    lengths = n if isinstance(n, list) else [n] * n_par
     results: list[dict[str, Any]] = [{}] * n_par
     errors: list[BaseException] = []
 
@@ -468,9 +467,9 @@ def run_parallel(bins: dict[str, Path], path: Path, ours: Ours, prompt: str, par
         prompts = [prompt if args.lockstep else models.spread(prompt, j) for j in range(n_par)]
         # --mixed-lengths: request j stops after n - (n / 2) * ((3 j) mod N) / N tokens, so
         # they end at different times, not in the order of their slots
-        n = [n0 - n0 // 2 * ((3 * j) % n_par) // n_par for j in range(n_par)] if args.mixed_lengths else n0
+        n = [n0 - n0 // 2 * ((3 * j) % n_par) // n_par if args.mixed_lengths else n0 for j in range(n_par)]
         with Server(bins, path, n_par, k, args.threads, args.n_ctx) as srv:
-            up_parallel(srv, prompts, 16)  # warm-up
+            up_parallel(srv, prompts, [16] * n_par)  # warm-up
             ours.run(prompts, 16, k)
             ours.run(prompts, 16, "auto")
             auto_runs: list[float] = []

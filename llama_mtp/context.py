@@ -393,6 +393,15 @@ class Context:
                 raise_with_log(LlamaError, f"could not trim sequence {dest} back to position {ckpt.pos_max}")
             self._gen += 1
 
+    def move(self, src: int, dst: int) -> None:
+        """Move sequence ``src``'s whole state into ``dst`` (what ``dst`` held is dropped);
+        ``src`` is left empty."""
+        if self.memory.pos_max(src) >= 0:
+            self.restore(self.checkpoint(src), dst)
+        else:
+            self.memory.seq_rm(dst, -1, -1)
+        self.memory.seq_rm(src, -1, -1)
+
     # ------------------------------------------------------------ misc
 
     def perf(self) -> dict[str, float]:

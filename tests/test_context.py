@@ -132,6 +132,24 @@ def test_checkpoint_into_other_sequence(trunk: lm.Model) -> None:
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
 
 
+def test_move_a_sequence(trunk: lm.Model) -> None:
+    """move() carries a sequence's whole state to another id and leaves the old one empty;
+    an empty sequence moved empties the destination."""
+    toks = trunk.tokenize(PROMPT_TEXT)
+    with lm.Context(trunk, n_ctx=256, n_seq_max=3) as ctx:
+        decode_all(ctx, toks[:4], seq=0)
+        decode_all(ctx, toks[:2], seq=2)
+        ctx.move(0, 2)
+        assert ctx.memory.pos_max(0) == -1 and ctx.memory.pos_max(2) == 3
+        a = decode_all(ctx, toks[4:6], pos0=4, seq=2)
+        ctx.move(1, 2)
+        assert ctx.memory.pos_max(2) == -1
+    with lm.Context(trunk, n_ctx=256) as ref:
+        decode_all(ref, toks[:4])
+        b = decode_all(ref, toks[4:6], pos0=4)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+
+
 def test_memory_ops(trunk: lm.Model) -> None:
     toks = trunk.tokenize(PROMPT_TEXT)
     with lm.Context(trunk, n_ctx=256, n_seq_max=3) as ctx:

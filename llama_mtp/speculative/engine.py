@@ -733,27 +733,26 @@ class SpeculativeEngine:
         had finished against 170 when slot 7 had. A move copies one sequence's state in
         both contexts (a few ms); public ids do not change. A state that does not copy is
         replayed from its history into the new slot at the next step."""
-        if len(self._seqs) < 1 or self.target.kv_unified:
-            return
-        while True:
+        while self._seqs:
             top = max(self._seqs)
             dst = next((s for s in range(top) if s not in self._seqs), None)
-            if dst is None:
+            if dst is None or self.target.kv_unified:  # (one stream: batches are not cut at gaps)
                 return
             q = self._seqs.pop(top)
             t0 = time.perf_counter()
             try:
-                if not q.rebuild and self.target.memory.pos_max(top) >= 0:
-                    self.target.restore(self.target.checkpoint(top), dst)
+                if q.rebuild:  # replayed into its slot at the next step anyway
+                    self.target.memory.seq_rm(top, -1, -1)
+                else:
+                    self.target.move(top, dst)
                 if self.drafter is not None:
                     self.drafter.move(top, dst)
             except LlamaError:
-                self.target.memory.seq_rm(dst, -1, -1)
-                if self.drafter is not None:
-                    self.drafter.remove(dst)
-                    self.drafter.remove(top)
+                for s in (top, dst):
+                    self.target.memory.seq_rm(s, -1, -1)
+                    if self.drafter is not None:
+                        self.drafter.remove(s)
                 q.rebuild = True
-            self.target.memory.seq_rm(top, -1, -1)
             self.policy.moved(top, dst)
             q.slot = dst
             self._seqs[dst] = q

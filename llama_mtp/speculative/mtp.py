@@ -209,11 +209,7 @@ class MTPDrafter:
 
     def move(self, src: int, dst: int) -> None:
         """Move sequence ``src``'s MTP memory and queue to the free slot ``dst``."""
-        if self.ctx.memory.pos_max(src) >= 0:
-            self.ctx.restore(self.ctx.checkpoint(src), dst)
-        else:
-            self.ctx.memory.seq_rm(dst, -1, -1)
-        self.ctx.memory.seq_rm(src, -1, -1)
+        self.ctx.move(src, dst)
         q = self._queues.pop(src, None)
         self._queues.pop(dst, None)
         if q is not None:

@@ -225,6 +225,58 @@ def test_a_drafts_chain_reads_its_own_rows(model_path, vocab: int | None) -> Non
     assert len(drafts[0]) == 4 and drafts[0] == drafts[1]
 
 
+def _uneven_drafts(model: lm.Model, level: bool, skip: bool = False) -> tuple[list[list[int]], list[Counter[int]], int]:
+    """Two sequences draft once, then accept 3 and 0 tokens: their next first draft decode
+    carries 3 + 1 and 0 + 1 rows. Returns both drafts of the second round, the rows per
+    sequence of each of its MTP decodes, and the entries decoded again."""
+    from llama_mtp.speculative.mtp import DraftRequest, MTPDrafter
+
+    rng = np.random.default_rng(11)
+    toks = [[int(t) for t in rng.integers(260, 500, 20)] for _ in range(2)]
+    hid = rng.standard_normal((2, 20, model.n_embd_out)).astype(np.float32)
+    d = MTPDrafter(model, n_ctx=128, n_seq_max=2, n_batch=64)
+    d.level_first = level
+    try:
+        for s in range(2):
+            d.catch_up(s, toks[s][:10], 0, hid[s, :10])
+        d.draft([DraftRequest(seq=s, token=toks[s][10], pos=10, hidden=hid[s, 10], n_max=3) for s in range(2)])
+        d.catch_up(0, toks[0][11:14], 11, hid[0, 11:14])  # sequence 0 accepted 3 drafts, sequence 1 none
+        if skip:
+            d.skip(1, 0)  # (nothing queued: a no-op) ...
+            d._q(1).dropped = 1  # ... as if rows had been dropped since the last decode
+        rows: list[Counter[int]] = []
+        real = d.ctx.decode
+
+        def decode(batch: Batch) -> None:
+            rows.append(Counter(int(batch.seq[j, 0]) for j in range(batch.n_tokens)))
+            real(batch)
+
+        d.ctx.decode = decode  # type: ignore[method-assign]
+        got = d.draft([DraftRequest(seq=0, token=toks[0][14], pos=14, hidden=hid[0, 14], n_max=3),
+                       DraftRequest(seq=1, token=toks[1][11], pos=11, hidden=hid[1, 11], n_max=3)])
+        assert d.ctx.memory.pos_max(0) == 14 and d.ctx.memory.pos_max(1) == 11
+        return [got[0].tokens, got[1].tokens], rows, d.leveled
+    finally:
+        d.close()
+
+
+def test_a_first_draft_decode_is_levelled(model_path) -> None:
+    """After a verify that accepted 3 drafts of one sequence and none of the other, the
+    next first draft decode carries 4 and 1 rows: several llama.cpp micro-batches with a
+    KV stream per sequence. The shorter sequence decodes its last 3 entries again (same
+    token, same target row), so both carry 4 -- and every draft is what it was unlevelled
+    (random weights: any change of the MTP memory would show)."""
+    model = _model(str(model_path("random")))
+    plain, rows_plain, n_plain = _uneven_drafts(model, level=False)
+    level, rows_level, n_level = _uneven_drafts(model, level=True)
+    assert n_plain == 0 and rows_plain[0] == Counter({0: 4, 1: 1})
+    assert n_level == 3 and rows_level[0] == Counter({0: 4, 1: 4})
+    assert len(plain[0]) == 3 and level == plain
+    # a sequence whose history has a gap (rows dropped since its last decode) is left as it is
+    _, rows_gap, n_gap = _uneven_drafts(model, level=True, skip=True)
+    assert n_gap == 0 and rows_gap[0] == Counter({0: 4, 1: 1})
+
+
 def test_a_sidecar_mtp_model_drafts_from_its_own_head(model_path, tmp_path: Path) -> None:
     """With an MTP-only sidecar GGUF the rows are copied from the sidecar's head."""
     from llama_mtp.tiny import write_tiny_model

@@ -13,6 +13,9 @@ Data flow (position p, token x_p, target hidden row h_p):
   in the first draft decode of the next round (one MTP decode fewer per step
   than upstream's driver, which re-decodes the whole draft after every verify
   and then rolls the rejected part back).
+* That first decode is levelled: a sequence with fewer catch-up rows than another
+  decodes its last few entries again, so every sequence carries as many rows and the
+  decode is one llama.cpp micro-batch, not one per distinct row count.
 
 All drafting sequences share **one MTP-context decode per draft position**.
 """
@@ -68,16 +71,41 @@ class Draft:
     p_top: list[float] = field(default_factory=list)
 
 
+#: Decoded MTP entries each sequence keeps (token and target hidden row, by position) so a
+#: draft's first decode can decode them again to level its rows (:meth:`MTPDrafter.draft`).
+LEVEL_HISTORY = 8
+
+
 @dataclass
 class _Queue:
     next_pos: int = 0                        # first position neither in the MTP KV nor queued
     tokens: list[int] = field(default_factory=list)
     hidden: list[npt.NDArray[np.float32]] = field(default_factory=list)
     dropped: int = 0                         # rows skip() dropped since rows were last decoded
+    #: the last LEVEL_HISTORY entries decoded into the MTP memory: position -> (token, hidden)
+    done: dict[int, tuple[int, npt.NDArray[np.float32]]] = field(default_factory=dict)
 
     @property
     def start(self) -> int:
         return self.next_pos - len(self.tokens)
+
+    def decoded(self, pos: int, token: int, hidden: npt.NDArray[np.float32]) -> None:
+        """Entry ``pos`` is now in the MTP memory (kept for :meth:`MTPDrafter.draft`'s levelling)."""
+        self.done[pos] = (token, hidden)
+        if len(self.done) > LEVEL_HISTORY:
+            for p in sorted(self.done)[:len(self.done) - LEVEL_HISTORY]:
+                del self.done[p]
+
+    def reopen(self, n: int) -> bool:
+        """Put the last ``n`` decoded entries before the queue back in front of it (the caller
+        removes them from the memory); False, changing nothing, where they are not all kept."""
+        s = self.start
+        if n <= 0 or self.dropped or any(s - j not in self.done for j in range(1, n + 1)):
+            return False
+        back = [self.done[p] for p in range(s - n, s)]
+        self.tokens[:0] = [t for t, _ in back]
+        self.hidden[:0] = [h for _, h in back]
+        return True
 
 
 TOP_K_P = 10  # like upstream's draft sampler: p_min is judged among the top 10
@@ -88,6 +116,8 @@ class MTPDrafter:
     sidecar GGUF that holds only the MTP head)."""
 
     name = "mtp"
+    #: level the rows of a draft's first decode (:meth:`_level`); False: as before (A/Bs)
+    level_first = True
 
     def __init__(
         self,
@@ -122,6 +152,7 @@ class MTPDrafter:
         self._zero = np.zeros(self.hidden_dim, dtype=np.float32)
         self.decodes = 0
         self.skipped = 0  # catch-up rows dropped by skip()
+        self.leveled = 0  # entries decoded again to level a first draft decode (_level)
         self.last_timings: list[tuple[int, float]] = []  # (rows, seconds): last draft()'s pure draft decodes
         #: (drafting sequences, seconds) of the last draft()'s first decode, which also
         #: carried the queued catch-up rows -- what a drafting step's first MTP decode costs
@@ -256,6 +287,31 @@ class MTPDrafter:
         q.next_pos = max(q.next_pos, pos0 + len(tokens))
         self.learn(q.tokens[len(q.tokens) - max(0, len(tokens) - skip):])
 
+    def _level(self, live: list[DraftRequest], room: int) -> int:
+        """Level the rows of a draft's first decode: a sequence with fewer queued catch-up
+        rows than another decodes its last few entries again (the same token and target
+        row, so the same memory). With a KV stream per sequence llama.cpp cuts a batch into
+        micro-batches that take the same number of rows from each of a run of sequences,
+        so after a verify that accepted 0, 2 and 3 drafts the first decode was three passes
+        over the MTP layer; level, it is one. Returns the rows added (0: none, as where the
+        memory is one unified stream, or the history does not reach)."""
+        if not self.level_first or len(live) < 2 or self.ctx.kv_unified:
+            return 0
+        rows = {r.seq: self.pending(r.seq) for r in live}
+        top = max(rows.values())
+        added = sum(top - n for n in rows.values())
+        if added == 0 or sum(rows.values()) + added + len(live) > room:
+            return 0
+        total = 0
+        for r in live:
+            n = top - rows[r.seq]
+            q = self._q(r.seq)
+            if n > 0 and q.reopen(n):
+                self.ctx.memory.seq_rm(r.seq, q.start, -1)
+                total += n
+        self.leveled += total
+        return total
+
     def skip(self, seq: int, keep: int) -> int:
         """Drop all but the last ``keep`` queued catch-up rows of ``seq``; returns how many
         were dropped. The MTP memory keeps what it holds, with a gap of positions it never
@@ -296,6 +352,9 @@ class MTPDrafter:
     def _consume(self, taken: list[tuple[int, int]]) -> None:
         for seq, n in taken:
             q = self._queues[seq]
+            p0 = q.start
+            for i in range(max(0, n - LEVEL_HISTORY), n):
+                q.decoded(p0 + i, q.tokens[i], q.hidden[i])
             del q.tokens[:n]
             del q.hidden[:n]
             q.dropped = 0
@@ -356,6 +415,7 @@ class MTPDrafter:
                 raise LlamaError(f"MTP context of sequence {r.seq} is at position {q.next_pos}, draft asked at {r.pos}")
         if sum(self.pending(s) for s in want) + len(live) > cap:
             self.flush(sorted(want))  # too much backlog for one batch: catch up separately first
+        self._level(live, cap)
         b.clear()
         taken = self._add_queued([r.seq for r in live], cap - len(live))
         others = [s for s in self._queues if s not in want]
@@ -382,6 +442,7 @@ class MTPDrafter:
                     q = self._q(r.seq)
                     q.next_pos = r.pos + 1  # the start row is a correct entry: keep it
                     q.dropped = 0
+                    q.decoded(r.pos, r.token, np.array(r.hidden, dtype=np.float32))
             nxt: list[DraftRequest] = []
             rows: list[tuple[int, npt.NDArray[np.float32]]] = []
             for j, r in enumerate(active):
@@ -426,5 +487,5 @@ class MTPDrafter:
         return out
 
     def stats(self) -> dict[str, Any]:
-        return {"decodes": self.decodes, "skipped": self.skipped,
+        return {"decodes": self.decodes, "skipped": self.skipped, "leveled": self.leveled,
                 "queued": {s: len(q.tokens) for s, q in self._queues.items()}}

@@ -958,3 +958,57 @@ def test_a_rejected_checkpoint_draft_pays_for_its_replay() -> None:
     p.costs.level = 0.0
     assert not p.paid([2, 2, 2, 2], 0, 1)
     assert p.paid([2, 2, 2, 2], 0, 2)  # taken whole: nothing to replay
+
+
+def test_a_probe_keeps_a_split_verify_level() -> None:
+    """Eight sequences on recurrent memory with a KV stream each: one is due a probe, seven
+    idle on text the drafter rarely gets right. A lone probe is a pass of its own over the
+    weights; all eight drafting one token is one pass -- so the idle ones ride along
+    (``level_probes``) where that pays on the optimistic estimates, and the probe of one
+    alone is what the policy ran before."""
+    def stalled() -> Acceptance:  # drafts that landed long ago: optimistic again
+        a = Acceptance(6)
+        for _ in range(20):
+            a.tick()
+            a.observe(6, 6)
+        for _ in range(300):
+            a.tick()
+        return a
+
+    def policy(level: bool) -> DraftPolicy:
+        p = DraftPolicy(6)
+        for n in (1, 8):
+            p.costs.verify.calibrate(n, [(r, 0.020 + 0.0005 * r) for r in (1, 2, 4, 8, 16, 32, 48, 56)])
+        p.costs.draft.calibrate([(1, 0.002), (8, 0.0024)])
+        p.costs.split = (512, True, 0)
+        p.level_probes = level
+        return p
+
+    def cands(p: DraftPolicy) -> dict[int, Candidate]:
+        a0 = stalled()
+        return {0: Candidate(6, a0, None, p.probe_wait(a0)), **{s: Candidate(6, acc(0.2), None, 1) for s in range(1, 8)}}
+
+    p = policy(True)
+    level = p.choose(cands(p))
+    assert set(level.values()) == {1}, level
+    assert len(p.costs.passes([1 + k for k in level.values()])) == 1
+    q = policy(False)
+    lone = q.choose(cands(q))
+    assert lone[0] > 0 and not any(lone[s] for s in range(1, 8)), lone
+    assert len(q.costs.passes([1 + k for k in lone.values()])) == 2
+
+
+@pytest.mark.parametrize("reset", [True, False])
+def test_new_sequences_start_the_mode_comparison_afresh(reset: bool) -> None:
+    """The running advantage of the other rollback mode is of the sequences it was measured
+    on: the idle tail of a batch (checkpoints ahead) must not have the next batch's
+    sequences, drafting with snapshots, leave them at their first comparison."""
+    p = switching(snapshots=True)
+    p.reset_on_join = reset
+    old = [acc(0.0) for _ in range(4)]
+    p._cmp_accs = {id(a): a for a in old}
+    p._adv, p._adv_n, p._compare_in = 0.5, 6, 1  # checkpoints were far ahead for the last ones
+    new = [acc(0.9) for _ in range(4)]
+    ks = p.choose({s: Candidate(6, new[s], None, 0) for s in range(4)})
+    assert all(k > 0 for k in ks.values())  # the new ones draft
+    assert p.switch_wanted is (not reset)

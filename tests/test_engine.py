@@ -840,3 +840,26 @@ def test_calibration_times_each_shape_in_interleaved_rounds(model_path, monkeypa
     one_round = [1, 2, 3, 4] + [2 * r for r in (1, 2, 3, 4)] + [1, 2]
     rounds = 2 if round_s == 0.0 else engine_mod.CALIBRATION_ROUNDS + 1
     assert calls == one_round * rounds
+
+
+
+def test_several_sequences_draft_from_a_levelled_first_decode(model_path) -> None:
+    """Sequences whose drafts are accepted to different depths start their next draft with
+    different catch-up rows; the drafter levels that first decode by decoding entries again
+    (one pass, not one per row count). Output is plain greedy decoding either way, and the
+    drafts -- hence what is accepted -- are the same with and without it."""
+    path = str(model_path("noisy"))
+    model = _models(path)
+    prompts = [model.tokenize(p) for p in PROMPTS[:3]]
+    accepted = {}
+    for level in (True, False):
+        with SpeculativeEngine(model, n_ctx=256, draft_max=3, sampling=GREEDY, max_sequences=3) as eng:
+            assert eng.drafter is not None
+            eng.drafter.level_first = level
+            got = run(eng, prompts, [40, 40, 40], ignore_eos=True)
+            assert (eng.drafter.leveled > 0) is level
+            accepted[level] = [(s.draft_n, s.draft_n_accepted) for s in (eng.sequence(i).stats for i in range(3))]
+        for p, g in zip(prompts, got, strict=True):
+            assert_greedy_matches(g, reference(path, tuple(p), 40))
+    assert 0 < sum(a for _, a in accepted[True]) < sum(d for d, _ in accepted[True])  # accepted to different depths
+    assert accepted[True] == accepted[False]

@@ -96,6 +96,11 @@ class _Queue:
             for p in sorted(self.done)[:len(self.done) - LEVEL_HISTORY]:
                 del self.done[p]
 
+    def forget(self, pos: int) -> None:
+        """Entries at ``pos`` and after are no longer (or not yet) the memory's."""
+        for p in [p for p in self.done if p >= pos]:
+            del self.done[p]
+
     def reopen(self, n: int) -> bool:
         """Put the last ``n`` decoded entries before the queue back in front of it (the caller
         removes them from the memory); False, changing nothing, where they are not all kept."""
@@ -253,6 +258,7 @@ class MTPDrafter:
         q = self._q(seq)
         keep = min(q.start, pos)
         self.ctx.memory.seq_rm(seq, keep, -1)
+        q.forget(keep)
         if q.next_pos > pos:  # an aborted draft had already kept its start row
             n_drop = q.next_pos - pos
             del q.tokens[max(0, len(q.tokens) - n_drop):]
@@ -322,6 +328,7 @@ class MTPDrafter:
         if not self.can_skip or q is None or len(q.tokens) <= keep:
             return 0
         n = len(q.tokens) - max(0, keep)
+        q.forget(q.start)  # (never decoded: nothing there may be decoded again)
         del q.tokens[:n]
         del q.hidden[:n]
         q.dropped += n

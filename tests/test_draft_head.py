@@ -225,7 +225,8 @@ def test_a_drafts_chain_reads_its_own_rows(model_path, vocab: int | None) -> Non
     assert len(drafts[0]) == 4 and drafts[0] == drafts[1]
 
 
-def _uneven_drafts(model: lm.Model, level: bool, skip: bool = False) -> tuple[list[list[int]], list[Counter[int]], int]:
+def _uneven_drafts(model: lm.Model, level: bool, skip: bool = False,
+                   refuse: bool = False) -> tuple[list[list[int]], list[Counter[int]], int]:
     """Two sequences draft once, then accept 3 and 0 tokens: their next first draft decode
     carries 3 + 1 and 0 + 1 rows. Returns both drafts of the second round, the rows per
     sequence of each of its MTP decodes, and the entries decoded again."""
@@ -252,6 +253,14 @@ def _uneven_drafts(model: lm.Model, level: bool, skip: bool = False) -> tuple[li
             real(batch)
 
         d.ctx.decode = decode  # type: ignore[method-assign]
+        if refuse:  # the memory refuses to drop the tail the levelling would decode again (once)
+            real_rm, calls = d.ctx.memory.seq_rm, []
+
+            def seq_rm(seq: int, p0: int = -1, p1: int = -1) -> bool:
+                calls.append(seq)
+                return False if len(calls) == 1 else real_rm(seq, p0, p1)
+
+            d.ctx.memory.seq_rm = seq_rm  # type: ignore[method-assign]
         got = d.draft([DraftRequest(seq=0, token=toks[0][14], pos=14, hidden=hid[0, 14], n_max=3),
                        DraftRequest(seq=1, token=toks[1][11], pos=11, hidden=hid[1, 11], n_max=3)])
         assert d.ctx.memory.pos_max(0) == 14 and d.ctx.memory.pos_max(1) == 11
@@ -275,6 +284,9 @@ def test_a_first_draft_decode_is_levelled(model_path) -> None:
     # a sequence whose history has a gap (rows dropped since its last decode) is left as it is
     _, rows_gap, n_gap = _uneven_drafts(model, level=True, skip=True)
     assert n_gap == 0 and rows_gap[0] == Counter({0: 4, 1: 1})
+    # a memory that will not drop the entries to decode again: left as it was, same drafts
+    refused, rows_refused, n_refused = _uneven_drafts(model, level=True, refuse=True)
+    assert n_refused == 0 and rows_refused[0] == Counter({0: 4, 1: 1}) and refused == plain
 
 
 def test_a_sidecar_mtp_model_drafts_from_its_own_head(model_path, tmp_path: Path) -> None:

@@ -313,8 +313,11 @@ class MTPDrafter:
             n = top - rows[r.seq]
             q = self._q(r.seq)
             if n > 0 and q.reopen(n):
-                self.ctx.memory.seq_rm(r.seq, q.start, -1)
-                total += n
+                if self.ctx.memory.seq_rm(r.seq, q.start, -1):
+                    total += n
+                else:  # (a memory that cannot drop its tail: leave this one as it was)
+                    del q.tokens[:n]
+                    del q.hidden[:n]
         self.leveled += total
         return total
 

@@ -1055,7 +1055,7 @@ class DraftPolicy:
 
         def shortest(group: list[int]) -> tuple[list[int], float] | None:
             trial = list(ks)
-            for k in range(1, max(max(opt[i] for i in group), 1) + 1):
+            for k in range(1, max(opt[i] for i in group) + 1):  # (group holds probing: opt > 0)
                 for i in group:
                     trial[i] = min(k, caps[i])
                 r = self._rate(trial, opt_tables)

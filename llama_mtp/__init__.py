@@ -20,7 +20,6 @@ logging.getLogger("llama_mtp").addHandler(logging.NullHandler())
 from .batch import Batch
 from .context import Checkpoint, Context, Memory
 from .draft_head import DraftHead
-from .generate import LLM, GenerationResult
 from .errors import (
     AbortedError,
     ClosedError,
@@ -35,10 +34,11 @@ from .errors import (
     StaleOutputError,
     TokenizeError,
 )
+from .generate import LLM, GenerationResult
+from .info import build_info
 from .model import Model
 from .params import ContextParams, ModelParams, SamplingParams, SpecParams
 from .speculative import ContextLengthError, SpeculativeEngine
-from .info import build_info
 
 __all__ = [
     "AbortedError",

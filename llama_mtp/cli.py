@@ -26,7 +26,7 @@ EXIT_USAGE, EXIT_ERROR = 2, 1
 class _Group(click.Group):
     """Usage errors and library errors become one clear line on stderr."""
 
-    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("standalone_mode", False)
         try:
             return super().main(*args, **kwargs)

@@ -104,7 +104,7 @@ class Context:
         self._info = calls.context_info(self._ptr)
         self._mem = calls.memory(self._ptr)
         self._lock = threading.RLock()
-        self._keepalive = (self._ptr,)  # what output views hold on to
+        self._keepalive: tuple[object, ...] = (self._ptr,)  # what output views hold on to
         self._views: weakref.WeakSet[calls.OutputView] = weakref.WeakSet()
         self._out_cap = self._info["n_seq_max"]  # rows the output buffer holds before it may move
         self._n_outputs_max = params.n_outputs_max or self._info["n_batch"]
@@ -199,7 +199,8 @@ class Context:
     @property
     def hidden_dim(self) -> int:
         """Width of hidden (nextn) rows: what an MTP batch needs per entry."""
-        return self.model.n_embd_out
+        n: int = self.model.n_embd_out
+        return n
 
     @property
     def supports_partial_rollback(self) -> bool:
@@ -336,7 +337,8 @@ class Context:
             else:
                 j = row
                 got = calls.nextn_rows(ptr, self._last_tokens, self.hidden_dim, self._keepalive)
-            return self._track(got, "hidden rows")[j]
+            row_j: npt.NDArray[np.float32] = self._track(got, "hidden rows")[j]
+            return row_j
 
     def hidden_all(self) -> npt.NDArray[np.float32]:
         """Hidden rows of the last decode: every entry (unmasked) or every output (masked)."""

@@ -44,7 +44,7 @@ class LlamaError(Exception):
         self.message = message
         self.code = code
         self.log = list(log)
-        detail = f"\nllama.cpp said:\n  " + "\n  ".join(self.log[-8:]) if self.log else ""
+        detail = "\nllama.cpp said:\n  " + "\n  ".join(self.log[-8:]) if self.log else ""
         super().__init__(message + detail)
 
 

@@ -260,7 +260,7 @@ class LLM:
             if queue and eng.free_slots:
                 batch = queue[: eng.free_slots]
                 del queue[: len(batch)]
-                for i, sid in zip(batch, eng.add_many([reqs[i] for i in batch])):
+                for i, sid in zip(batch, eng.add_many([reqs[i] for i in batch]), strict=True):
                     owner[sid] = i
                 self._collect(eng, owner, results, prompts)
                 continue

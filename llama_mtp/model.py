@@ -274,7 +274,8 @@ class Model:
         out = calls.tokenize(self._vocab_handle(), data, add_special, parse_special)
         if out is None:
             raise TokenizeError("tokenization overflowed (more than 2**31 tokens)")
-        return out.tolist()
+        ids: list[int] = out.tolist()
+        return ids
 
     def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
         """The bytes of one token (may be part of a UTF-8 character)."""

@@ -236,7 +236,7 @@ class SpecParams(_Params):
 
     def __post_init__(self) -> None:
         if self.draft_max != "auto":
-            _check_int("draft_max", self.draft_max, lo=0, hi=64)  # type: ignore[arg-type]
+            _check_int("draft_max", self.draft_max, lo=0, hi=64)
         _check_int("draft_min", self.draft_min, lo=0, hi=64)
         _check_float("p_min", self.p_min, lo=0.0, hi=1.0)
         if self.verify not in ("auto", "greedy", "match", "rejection"):

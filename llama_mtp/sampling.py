@@ -75,8 +75,7 @@ class Sampler:
                 v = x[toks]
                 if p.repeat_penalty != 1.0:
                     v = np.where(v > 0, v / p.repeat_penalty, v * p.repeat_penalty)
-                v = v - counts * p.frequency_penalty - p.presence_penalty
-                x[toks] = v
+                x[toks] = v - counts * p.frequency_penalty - p.presence_penalty
         return x
 
     def argmax(self, logits: npt.NDArray[np.float32], history: Sequence[int] | npt.NDArray[np.integer] = ()) -> int:

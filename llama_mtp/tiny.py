@@ -162,7 +162,7 @@ def planted_next_token(spec: TinySpec, tokens: list[str]) -> npt.NDArray[np.int6
     """next_token[x]: the sentence's pieces form a cycle; every other token leads to its start."""
     cycle = _sentence_cycle(spec, tokens)
     nxt = np.full(spec.n_vocab, cycle[0], dtype=np.int64)
-    for a, b in zip(cycle, cycle[1:] + cycle[:1]):
+    for a, b in zip(cycle, cycle[1:] + cycle[:1], strict=True):
         nxt[a] = b
     return nxt
 
@@ -277,7 +277,8 @@ def calibrate_mtp_noise(spec: TinySpec, acceptance: float, draft_max: int = 3) -
 
 
 def _unit_rows(m: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    return m / np.linalg.norm(m, axis=1, keepdims=True)
+    out: npt.NDArray[np.float64] = m / np.linalg.norm(m, axis=1, keepdims=True)
+    return out
 
 
 def write_tiny_model(path: str | os.PathLike[str], spec: TinySpec | None = None, **overrides: Any) -> Path:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import GPU, greedy_reference
 
 import llama_mtp as lm
-from helpers import GPU, greedy_reference
 from llama_mtp.speculative import ContextLengthError, SpeculativeEngine
 from llama_mtp.tiny import write_tiny_model
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import greedy_reference, logits_atol
 
 import llama_mtp as lm
-
-from helpers import greedy_reference, logits_atol
 
 PROMPT_TEXT = "Multi-token prediction drafts several tokens ahead"
 
@@ -201,30 +200,47 @@ def test_bad_batches(planted: lm.Model) -> None:
         cases = []
         b = lm.Batch(4)
         cases.append(b)  # empty
-        b = lm.Batch(4); b.add(planted.n_vocab, 0, 0); cases.append(b)
-        b = lm.Batch(4); b.add(-1, 0, 0); cases.append(b)
-        b = lm.Batch(4); b.add(5, 0, 2); cases.append(b)  # seq >= n_seq_max
-        b = lm.Batch(4); b.add(5, -3, 0); cases.append(b)
-        b = lm.Batch(16); b.extend(list(range(10, 20)), 0, 0); cases.append(b)  # > n_batch
-        b = lm.Batch(4, hidden_dim=planted.n_embd_out); b.add(5, 0, 0, hidden=np.zeros(planted.n_embd_out)); cases.append(b)
+        b = lm.Batch(4)
+        b.add(planted.n_vocab, 0, 0)
+        cases.append(b)
+        b = lm.Batch(4)
+        b.add(-1, 0, 0)
+        cases.append(b)
+        b = lm.Batch(4)
+        b.add(5, 0, 2)  # seq >= n_seq_max
+        cases.append(b)
+        b = lm.Batch(4)
+        b.add(5, -3, 0)
+        cases.append(b)
+        b = lm.Batch(16)
+        b.extend(list(range(10, 20)), 0, 0)  # > n_batch
+        cases.append(b)
+        b = lm.Batch(4, hidden_dim=planted.n_embd_out)
+        b.add(5, 0, 0, hidden=np.zeros(planted.n_embd_out))
+        cases.append(b)
         for bad in cases:
             with pytest.raises(lm.InvalidBatchError):
                 ctx.decode(bad)
-        b = lm.Batch(4); b.add(5, 0, 0, output=True)
+        b = lm.Batch(4)
+        b.add(5, 0, 0, output=True)
         with pytest.raises(lm.InvalidBatchError, match="hidden"):
             dft.decode(b)  # an MTP context needs hidden rows
-        b = lm.Batch(4, hidden_dim=8); b.add(5, 0, 0, hidden=np.zeros(8))
+        b = lm.Batch(4, hidden_dim=8)
+        b.add(5, 0, 0, hidden=np.zeros(8))
         with pytest.raises(lm.InvalidBatchError, match="wide"):
             dft.decode(b)
         # llama.cpp's own validation (a position the sequence already holds)
-        good = lm.Batch(4); good.extend([5, 6], 0, 0)
+        good = lm.Batch(4)
+        good.extend([5, 6], 0, 0)
         ctx.decode(good)
-        overlap = lm.Batch(4); overlap.add(7, 1, 0, output=True)
+        overlap = lm.Batch(4)
+        overlap.add(7, 1, 0, output=True)
         with pytest.raises(lm.InvalidBatchError) as info:
             ctx.decode(overlap)
         assert info.value.code == -1 and info.value.log
         # the context is still fine
-        ok = lm.Batch(4); ok.add(7, 2, 0, output=True)
+        ok = lm.Batch(4)
+        ok.add(7, 2, 0, output=True)
         ctx.decode(ok)
         assert ctx.memory.pos_max(0) == 2
     with pytest.raises(lm.InvalidBatchError):

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from pathlib import Path
 
-import numpy as np
 import pytest
+from helpers import GPU, assert_greedy_matches, chi2_two_sample, count_decodes, greedy_reference_margins
 
 import llama_mtp as lm
-from helpers import GPU, assert_greedy_matches, chi2_two_sample, count_decodes, greedy_reference_margins
 from llama_mtp.speculative import ContextLengthError, SpeculativeEngine
 from llama_mtp.speculative.engine import REPLAY_DRAFT_MAX
 
@@ -19,19 +17,19 @@ GREEDY = lm.SamplingParams.greedy_params()
 PROMPTS = ["Multi-token prediction", "the model", "every accepted draft saves a whole decoding", "one"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _models(path: str) -> lm.Model:
     return lm.Model(path)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference(path: str, prompt: tuple[int, ...], n: int) -> tuple[list[int], list[float]]:
     """Plain greedy tokens and the top-two logit gaps (compare with assert_greedy_matches)."""
     return greedy_reference_margins(_models(path), list(prompt), n)
 
 
 def run(engine: SpeculativeEngine, prompts: list[list[int]], lengths: list[int], **kw) -> list[list[int]]:
-    ids = engine.add_many([dict(prompt=p, max_tokens=n, **kw) for p, n in zip(prompts, lengths)])
+    ids = engine.add_many([dict(prompt=p, max_tokens=n, **kw) for p, n in zip(prompts, lengths, strict=False)])
     while engine.active:
         engine.step()
     return [engine.sequence(i).tokens for i in ids]
@@ -70,7 +68,7 @@ def test_lossless_greedy(model_path, name: str, draft_max: int | str, n_seq: int
             pin_costs(eng)  # so that auto really drafts where drafts land (and output is still checked)
         got = run(eng, prompts, lengths)
         stats = eng.stats.spec
-    for p, n, g in zip(prompts, lengths, got):
+    for p, n, g in zip(prompts, lengths, got, strict=True):
         assert_greedy_matches(g, reference(path, tuple(p), n))
     assert stats.predicted_n == sum(lengths)
     if name == "planted":
@@ -107,12 +105,12 @@ def test_a_sequence_near_its_end_drafts_level_with_the_others(model_path, n_seq:
                 asked.append((r.seq, r.n_max, limit[r.seq] - len(eng.sequence(r.seq).tokens)))
             return draft(reqs)
         eng.drafter.draft = spy  # type: ignore[union-attr,method-assign]
-        ids = eng.add_many([dict(prompt=p, max_tokens=n) for p, n in zip(prompts, lengths)])
-        limit.update(zip(ids, lengths))
+        ids = eng.add_many([dict(prompt=p, max_tokens=n) for p, n in zip(prompts, lengths, strict=True)])
+        limit.update(zip(ids, lengths, strict=True))
         while eng.active:
             eng.step()
         states = [eng.sequence(i) for i in ids]
-    for p, n, st in zip(prompts, lengths, states):
+    for p, n, st in zip(prompts, lengths, states, strict=True):
         assert_greedy_matches(st.tokens, reference(path, tuple(p), n))
     short = [(k, left) for seq, k, left in asked if seq == ids[0]]
     if n_seq == 1:
@@ -140,7 +138,7 @@ def test_a_finished_sequence_leaves_no_gap_in_the_slots(model_path, draft_max: i
                            sampling=GREEDY, rollback=rollback) as eng:  # type: ignore[arg-type]
         if draft_max == "auto":
             pin_costs(eng)
-        ids = eng.add_many([dict(prompt=p, max_tokens=n) for p, n in zip(prompts, lengths)])
+        ids = eng.add_many([dict(prompt=p, max_tokens=n) for p, n in zip(prompts, lengths, strict=True)])
         assert ids == [0, 1, 2, 3]
         events: dict[int, list[int]] = {i: [] for i in ids}
         late, short = None, None
@@ -153,7 +151,7 @@ def test_a_finished_sequence_leaves_no_gap_in_the_slots(model_path, draft_max: i
                 late = eng.add(prompts[1], max_tokens=12)
                 assert late == 1 and eng._ids[late] == 3  # id 1 is free again; slot 3 is the free one
         assert late is not None and short is not None
-        for i, p, n in zip(ids, prompts, lengths):
+        for i, p, n in zip(ids, prompts, lengths, strict=True):
             got = short if i == 1 else eng.sequence(i).tokens
             assert_greedy_matches(got, reference(path, tuple(p), n))
         assert events[3] == eng.sequence(3).tokens[1:]  # its events under its own id (the first token: at add)
@@ -168,7 +166,7 @@ def test_a_state_that_does_not_move_is_replayed(model_path, monkeypatch: pytest.
     prompts = [model.tokenize(t) for t in PROMPTS[:3]]
     lengths = [20, 4, 24]
     with SpeculativeEngine(model, max_sequences=3, n_ctx=256, draft_max=3, sampling=GREEDY) as eng:
-        ids = eng.add_many([dict(prompt=p, max_tokens=n) for p, n in zip(prompts, lengths)])
+        ids = eng.add_many([dict(prompt=p, max_tokens=n) for p, n in zip(prompts, lengths, strict=True)])
 
         refused = []
 
@@ -181,7 +179,7 @@ def test_a_state_that_does_not_move_is_replayed(model_path, monkeypatch: pytest.
             if eng.stats.slot_moves:
                 monkeypatch.undo()
         assert eng.stats.slot_moves >= 1 and len(refused) == 1
-        for i, p, n in zip(ids, prompts, lengths):
+        for i, p, n in zip(ids, prompts, lengths, strict=True):
             assert_greedy_matches(eng.sequence(i).tokens, reference(path, tuple(p), n))
 
 
@@ -208,7 +206,7 @@ def test_checkpoint_replays_stay_bounded(model_path, draft_max: int) -> None:
     # a replay drafted over, plus one rejected step's accepted tokens and id_last; never more
     # (at 0% acceptance every draft is rejected: replays grow until one is too long to draft over)
     assert draft_max + 1 < longest <= REPLAY_DRAFT_MAX + draft_max + 1
-    for p, g in zip(prompts, got):
+    for p, g in zip(prompts, got, strict=True):
         assert_greedy_matches(g, reference(path, tuple(p), 30))
 
 
@@ -373,7 +371,7 @@ def test_acceptance_counts_are_consistent(model_path) -> None:
     assert sum(s.drafted_per_position) == s.draft_n
     assert s.drafted_per_position[0] == s.num_drafts
     # acceptance at position i+1 implies acceptance at position i
-    assert all(a >= b for a, b in zip(s.accepted_per_position, s.accepted_per_position[1:]))
+    assert all(a >= b for a, b in zip(s.accepted_per_position, s.accepted_per_position[1:], strict=False))
     assert s.mean_accepted_length == pytest.approx(1 + s.draft_n_accepted / s.steps)
     assert s.predicted_n == 110
     d = s.as_dict()
@@ -545,7 +543,7 @@ def test_sample_and_match_follows_the_target_distribution(soft_model: lm.Model) 
     first-token and bigram frequencies pass a chi-square test."""
     on = sample_runs(soft_model, range(200), mtp=True)
     off = sample_runs(soft_model, range(200), mtp=False)
-    same = sum(x == y for x, y in zip(on, off)) / len(on)
+    same = sum(x == y for x, y in zip(on, off, strict=True)) / len(on)
     assert same > 0.95
     on = sample_runs(soft_model, range(1000, 2600), mtp=True)
     off = sample_runs(soft_model, range(5000, 6600), mtp=False)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import greedy_reference
 
 import llama_mtp as lm
-from helpers import greedy_reference
 from llama_mtp.demo import DEMO_SPECS, demo_model_path, write_demo_model
 
 
@@ -58,7 +58,7 @@ def test_generate_many_equals_individual_calls(llm: lm.LLM) -> None:
     prompts = ["Multi-token prediction", "the model", "every accepted", "one pass", "a whole", "decoding step"]
     many = llm.generate_many(prompts, 24, temperature=0)  # 6 prompts, 4 at a time
     assert [r.prompt for r in many] == prompts
-    for p, r in zip(prompts, many):
+    for p, r in zip(prompts, many, strict=True):
         assert r.tokens == llm.generate(p, 24, temperature=0).tokens
 
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import assert_greedy_matches, greedy_reference_margins
 
 import llama_mtp as lm
-from helpers import assert_greedy_matches, greedy_reference_margins
 from llama_mtp.speculative import SpeculativeEngine
 
 INFO = lm.build_info()
@@ -58,12 +58,12 @@ def test_engine_is_lossless_on_the_gpu(model_path, name: str, draft_max: int | s
         lengths = [24 + 7 * i for i in range(len(prompts))]
         with SpeculativeEngine(model, max_sequences=len(prompts), n_ctx=256, draft_max=draft_max,  # type: ignore[arg-type]
                                sampling=GREEDY, rollback=rollback) as eng:
-            ids = eng.add_many([dict(prompt=p, max_tokens=n) for p, n in zip(prompts, lengths)])
+            ids = eng.add_many([dict(prompt=p, max_tokens=n) for p, n in zip(prompts, lengths, strict=True)])
             while eng.active:
                 eng.step()
             got = [eng.sequence(i).tokens for i in ids]
             stats = eng.stats.spec
-        for p, n, g in zip(prompts, lengths, got):
+        for p, n, g in zip(prompts, lengths, got, strict=True):
             assert_greedy_matches(g, greedy_reference_margins(model, p, n))
     if draft_max == 3:
         assert stats.num_drafts > 0

@@ -6,9 +6,9 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from helpers import chi2_sf
 
 import llama_mtp as lm
-from helpers import chi2_sf
 from llama_mtp.sampling import Sampler, dense
 from llama_mtp.speculative import SpeculativeEngine, verify_match, verify_rejection
 from llama_mtp.tiny import write_tiny_model
@@ -277,7 +277,7 @@ def exact_distribution(model: lm.Model, n: int) -> dict[tuple[int, ...], float]:
             b.extend(prompt + prefix, 0, 0)
             ctx.decode(b)
             ids, p = sampler.distribution(np.array(ctx.logits(-1)))
-            for t, pt in zip(ids.tolist(), p.tolist()):
+            for t, pt in zip(ids.tolist(), p.tolist(), strict=True):
                 if len(prefix) + 1 == n:
                     out[tuple(prefix + [t])] = prob * pt
                 else:

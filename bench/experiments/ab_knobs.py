@@ -127,11 +127,13 @@ for r in range(rounds):
         for k in order:
             tok, sec, spec = A.timed(engs[k], model, (p,), n, n_par)
             rate[k] = tok / sec
-            for a, b in spec.draft_length_hist.items(): hist[k][a] = hist[k].get(a, 0) + b
-        for k in keys: pairs[k].append(rate[k] / rate["plain"])
+            for a, b in spec.draft_length_hist.items():
+                hist[k][a] = hist[k].get(a, 0) + b
+        for k in keys:
+            pairs[k].append(rate[k] / rate["plain"])
     print(r, {k: round(statistics.median(v), 3) for k, v in pairs.items()}, flush=True)
 print(name, f"x{n_par}", {k: round(statistics.median(v), 4) for k, v in pairs.items()},
-      "var/main paired", round(statistics.median(a / b for a, b in zip(pairs["var"], pairs["main"])), 4))
+      "var/main paired", round(statistics.median(a / b for a, b in zip(pairs["var"], pairs["main"], strict=True)), 4))
 print("switches main", engs["main"].stats.rollback_switches, f"{engs['main'].stats.switch_s:.3f} s",
       "var", engs["var"].stats.rollback_switches, f"{engs['var'].stats.switch_s:.3f} s")
 for _k in ("plain", "main", "var"):

@@ -224,6 +224,15 @@ class _Seq:
         return self.pos0 - self.kv_pos
 
 
+@dataclass
+class _PrefillSpan:
+    """What :meth:`SpeculativeEngine._prefill` has left of one sequence: ``history[start:end]``."""
+
+    q: _Seq
+    start: int
+    end: int
+
+
 class SpeculativeEngine:
     """Speculative decoding for up to ``max_sequences`` sequences at once.
 
@@ -359,7 +368,7 @@ class SpeculativeEngine:
         self._spare: Context | None = None
         try:
             self.target.set_hidden_output(bool(mtp), masked=False)
-            self.n_ctx_seq = self.target.n_ctx_seq
+            self.n_ctx_seq: int = self.target.n_ctx_seq
             self.drafter: MTPDrafter | None = None
             if mtp:
                 auto_vocab = draft_vocab == "auto"
@@ -582,19 +591,19 @@ class SpeculativeEngine:
         t0 = time.perf_counter()
         b = self._batch
         cap = b.capacity
-        todo = []
+        todo: list[_PrefillSpan] = []
         for q in seqs:
             n = len(q.history) if sample_first else q.pos0
-            todo.append([q, 0, n])
+            todo.append(_PrefillSpan(q, 0, n))
             if self.drafter is not None:
                 self.drafter.remove(q.seq)
             self.target.memory.seq_rm(q.seq, -1, -1)
         carry = {q.seq: np.zeros(self.target.hidden_dim, dtype=np.float32) for q in seqs}
-        while any(start < end for _, start, end in todo):
+        while any(item.start < item.end for item in todo):
             b.clear()
             spans = []
             for item in todo:
-                q, start, end = item
+                q, start, end = item.q, item.start, item.end
                 if start >= end or b.n_tokens >= cap:
                     continue
                 n = min(end - start, cap - b.n_tokens)
@@ -603,7 +612,7 @@ class SpeculativeEngine:
                 flags[-1] = last and sample_first
                 sl = b.extend(q.history[start:start + n], start, q.seq, outputs=flags)
                 spans.append((q, start, n, sl))
-                item[1] = start + n
+                item.start = start + n
             self.target.decode(b)
             hidden = self.target.hidden_all() if self.drafter is not None else None
             for q, start, n, sl in spans:
@@ -1159,14 +1168,14 @@ class SpeculativeEngine:
             t0 = time.perf_counter()
             got = self.drafter.draft(mtp_reqs)
             self.stats.draft_s += time.perf_counter() - t0
-            for rows, secs in self.drafter.last_timings:
-                self.policy.costs.draft.observe(rows, secs)
+            for n_rows, secs in self.drafter.last_timings:
+                self.policy.costs.draft.observe(n_rows, secs)
             if self.drafter.first_timing is not None:
                 self.policy.costs.observe_first(*self.drafter.first_timing)
-            for seq, d in got.items():
-                drafts[seq], source[seq] = d.tokens, ("mtp" if d.tokens else None)
-                if d.q is not None:
-                    qdists[seq] = d.q
+            for seq, dr in got.items():
+                drafts[seq], source[seq] = dr.tokens, ("mtp" if dr.tokens else None)
+                if dr.q is not None:
+                    qdists[seq] = dr.q
 
         # 3. checkpoints where the rollback could exceed the snapshots
         ckpts: dict[int, Checkpoint] = {}

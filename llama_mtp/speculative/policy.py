@@ -345,7 +345,7 @@ class CostModel:
         got = self._passes.get(key)
         if got is None:
             n_ubatch, sequential, tail = self.split
-            pairs = list(zip(ids if ids is not None else range(len(rows)), rows))
+            pairs = list(zip(ids if ids is not None else range(len(rows)), rows, strict=False))
             got = [(n, n * t) for n, t in equal_split(pairs, n_ubatch, sequential, tail)]
             if len(self._passes) >= 4096:  # layouts recur (a handful per step): a bound, not an LRU
                 self._passes.clear()
@@ -396,7 +396,7 @@ class CostModel:
         with ``backlog`` replayed tokens each in the verify; ``steady``: sequences that
         drafted on the step before too, whose first MTP decode is priced as a pure draft
         decode (only the last verify's accepted rows, which a draft decode hides)."""
-        rows = [1 + k for k in ks] if not backlog else [1 + k + b for k, b in zip(ks, backlog)]
+        rows = [1 + k for k in ks] if not backlog else [1 + k + b for k, b in zip(ks, backlog, strict=False)]
         t = self.overhead + self.verify_layout(rows, ids)
         for i in range(max(ks, default=0)):
             n = sum(1 for k in ks if k > i)
@@ -761,7 +761,7 @@ class DraftPolicy:
         self._apply = 1.0  # probes: on the model's own prices (they are what corrects the realism)
         if waiting:
             opt_tables = self._hopeless_bound(cands, seqs, caps) if self._probe_on_bound() else \
-                [cands[s][1].expected_table(c, optimistic=True) for s, c in zip(seqs, caps)]
+                [cands[s][1].expected_table(c, optimistic=True) for s, c in zip(seqs, caps, strict=True)]
             opt, _ = self._search(caps, fixed, auto, opt_tables)
             probing = [i for i in waiting if opt[i] > 0]
             if probing:
@@ -785,7 +785,7 @@ class DraftPolicy:
         self.estimated_tok_s = self._rate(ks, plain)
         # what the next observe_step() learns from: a step that drafts (or replays) or one that does not
         self._kind = bool(sum(ks) > self._idle_rows or self._backlog is not None)
-        out = dict(zip(seqs, ks))
+        out = dict(zip(seqs, ks, strict=True))
         self._last = {s: k for s, k in out.items() if fixed[seqs.index(s)] is None}
         # quiet only after a search that was free to draft: a step whose replay barred
         # drafting (or whose caps were 0) says nothing about whether drafting pays -- at
@@ -1096,7 +1096,8 @@ class DraftPolicy:
     def probe_wait(self, acc: Acceptance) -> int:
         """Steps to wait before probing: ``probe_gap``, doubled for every failed draft in a
         row that did not pay, up to ``probe_max``."""
-        return min(self.probe_max, self.probe_gap * 2 ** max(0, min(acc.fails - 1, 16)))
+        factor: int = 2 ** max(0, min(acc.fails - 1, 16))
+        return min(self.probe_max, self.probe_gap * factor)
 
     def _rate(self, ks: list[int], tables: list[list[float]]) -> float:
         # without micro-batch splits a step costs the same whichever sequence drafts what
@@ -1106,7 +1107,7 @@ class DraftPolicy:
             secs = self._secs[key] = self.costs.step_seconds(ks, self._backlog, self._ids) - self._sunk
         if self._rej is not None and len(self._rej) == len(ks):
             secs += self._rollback_seconds(ks, self._rej)
-        rate = sum(t[k] for t, k in zip(tables, ks)) / secs
+        rate = sum(t[k] for t, k in zip(tables, ks, strict=False)) / secs
         return rate * self._apply if self._apply != 1.0 and sum(ks) > self._idle_rows else rate
 
     def _rollback_seconds(self, ks: list[int], rej: list[list[tuple[float, float]]]) -> float:
@@ -1195,7 +1196,7 @@ class DraftPolicy:
     @staticmethod
     def _idle(caps: list[int], fixed: list[int | None]) -> list[int]:
         """The layout where every choosing sequence drafts nothing (fixed ones as fixed)."""
-        return [min(f, c) if f is not None else 0 for f, c in zip(fixed, caps)]
+        return [min(f, c) if f is not None else 0 for f, c in zip(fixed, caps, strict=False)]
 
     @property
     def realism(self) -> float:

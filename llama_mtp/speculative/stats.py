@@ -61,7 +61,7 @@ class SpecStats:
 
     @property
     def acceptance_per_position(self) -> list[float]:
-        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position, strict=False)]
 
     def merge(self, other: SpecStats) -> None:
         for name in ("draft_n", "draft_n_accepted", "steps", "num_drafts", "predicted_n", "rollbacks",
@@ -78,8 +78,8 @@ class SpecStats:
                 mine_d = mine_t.setdefault(k, [0, 0])
                 mine_d[0] += d
                 mine_d[1] += a
-        for k, v in other.draft_length_hist.items():
-            self.draft_length_hist[k] = self.draft_length_hist.get(k, 0) + v
+        for n, v in other.draft_length_hist.items():
+            self.draft_length_hist[n] = self.draft_length_hist.get(n, 0) + v
 
     def as_dict(self) -> dict[str, Any]:
         return {

@@ -242,19 +242,6 @@ def test_rollback_auto_resolves_by_workload(model_path) -> None:
         SpeculativeEngine(model, rollback="replay")  # type: ignore[arg-type]
 
 
-def test_the_policy_knows_the_work_left(model_path) -> None:
-    """Each step tells the policy how many tokens each live sequence may still make (its
-    max_tokens, or the room left in its context): what a switch of rollback mode has
-    left to pay for itself in."""
-    model = _models(str(model_path("noisy")))
-    with SpeculativeEngine(model, max_sequences=2, n_ctx=64, draft_cap=3, sampling=GREEDY) as eng:
-        a = eng.add(model.tokenize(PROMPTS[0]), max_tokens=12, ignore_eos=True)
-        b = eng.add(model.tokenize(PROMPTS[1]), max_tokens=1000, ignore_eos=True)
-        before = [len(eng.sequence(i).tokens) for i in (a, b)]
-        eng.step()
-        assert eng.policy.left == [12 - before[0], eng.n_ctx_seq - len(eng.sequence(b).prompt) - before[1] + 1]
-
-
 def pin_both(eng: SpeculativeEngine) -> None:
     """pin_costs() for both rollback modes (the alternative's verify 5% cheaper: no snapshots)."""
     pin_costs(eng)

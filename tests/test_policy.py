@@ -1013,27 +1013,3 @@ def test_new_sequences_start_the_mode_comparison_afresh(reset: bool) -> None:
     ks = p.choose({s: Candidate(6, new[s], None, 0) for s in range(4)})
     assert all(k > 0 for k in ks.values())  # the new ones draft
     assert p.switch_wanted is (not reset)
-
-
-@pytest.mark.parametrize("snapshots", [True, False])
-def test_a_switch_that_cannot_pay_before_the_batch_ends_is_not_asked_for(snapshots: bool) -> None:
-    """A switch of rollback mode must pay for itself in the work the live sequences have
-    left: with a few tokens to go, no switch; with hundreds, or with no bound (``left``
-    None), the switch as before -- away from snapshots where nothing drafts, towards them
-    where drafting pays. (Off, ``switch_horizon=False``: the switch whatever is left.)"""
-    alpha = 0.0 if snapshots else 0.95
-    for left, horizon, want in (([3], True, False), ([3, 2, 1, 3], True, False), ([3], False, True),
-                                ([600], True, True), (None, True, True)):
-        p = switching(snapshots=snapshots)
-        p.left, p.switch_horizon = left, horizon
-        got = run_modes(p, alpha, 200, len(left or [0]))
-        assert (got != []) == want, (left, horizon)
-
-
-def test_the_horizon_is_the_idle_steps_left_as_the_batch_shrinks() -> None:
-    p = memory_bound()
-    p.left = [2, 5, 5]
-    c = p.costs.step_seconds
-    assert p.horizon_s() == pytest.approx(2 * c([0, 0, 0]) + 3 * c([0, 0]))
-    p.left = None
-    assert p.horizon_s() is None

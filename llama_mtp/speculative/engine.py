@@ -1145,9 +1145,6 @@ class SpeculativeEngine:
                     cap = min(caps[q.seq], self._mtp_k(q))
                     cands[q.seq] = Candidate(cap, q.acc, None if q.spec.draft_max == "auto" else cap, q.idle,
                                              q.n_backlog)
-            # the work a switch of rollback mode (decided in the search) has left to pay for itself in
-            self.policy.left = [max(1, min(q.max_tokens - len(q.state.tokens), self.n_ctx_seq - q.pos0))
-                                for q in runnable]
             ks = self.policy.choose(cands)
         ks = self._level_tail(runnable, ks, ngram_d)
         room = self.target.n_batch - sum(q.n_backlog + 1 for q in runnable)

@@ -680,10 +680,6 @@ class DraftPolicy:
         self.switch_every = 4
         self.switch_dwell = 32
         self.switch_s = 0.1             # seconds a switch takes (measured by the engine's switches)
-        #: tokens each live sequence may still make (the engine's, each step; None: unbounded)
-        self.left: list[int] | None = None
-        #: a switch must pay for itself in the work left (:meth:`horizon_s`; False: as before; for A/Bs)
-        self.switch_horizon = True
         self.switch_wanted = False      # the engine should switch to the alternative now
         self.switches = 0
         self._adv = 0.0                 # running log(alternative's rate / current rate)
@@ -896,7 +892,6 @@ class DraftPolicy:
         self._apply = 1.0
         if min(rates.values()) <= 0.0:
             return
-        horizon = self.horizon_s()
         x = math.log(rates["checkpoint"] / rates["snapshots"]) if snapshots_now else \
             math.log(rates["snapshots"] / rates["checkpoint"])
         # sequences that joined since the last comparison: the running advantage was of other
@@ -917,11 +912,6 @@ class DraftPolicy:
             # about its size on four sequences
             self.switch_wanted = (self._since_switch >= self.switch_dwell // 4 and (
                 self.idle_comparisons >= self.SWITCH_IDLE_N or self.idle_comparisons >= 2 and self._snap_hopeless))
-            if self.switch_wanted and horizon is not None:
-                # ... and only where the tax still to pay exceeds the switch: near the end of a
-                # batch (eight sequences, their last two tokens) a switch that had to build its
-                # context took 450..770 ms of a 2.5 s run
-                self.switch_wanted = horizon * (1.0 - rates["snapshots"] / rates["checkpoint"]) > self.switch_s
             return
         # otherwise the switch must pay for itself within SWITCH_HORIZON_S seconds at the
         # advantage; back to snapshots only after a backoff that doubles each time a stint
@@ -931,23 +921,6 @@ class DraftPolicy:
         need = self.switch_margin + self.switch_s / self.SWITCH_HORIZON_S
         dwell = self.switch_dwell * (1 if snapshots_now else self._snap_backoff)
         self.switch_wanted = self._adv > math.log1p(need) and self._adv_n >= 2 and self._since_switch >= dwell
-        if self.switch_wanted and horizon is not None and horizon < self.SWITCH_HORIZON_S:
-            # fewer seconds of work left than that: what the faster mode saves of them
-            self.switch_wanted = horizon * -math.expm1(-self._adv) > self.switch_s
-
-    def horizon_s(self) -> float | None:
-        """Seconds the live sequences still need at most (:attr:`left` tokens each, one a
-        step, in steps that draft nothing, the batch shrinking as they finish): what a switch
-        of rollback mode has left to pay for itself in. None where unbounded."""
-        if not self.left or not self.switch_horizon:
-            return None
-        left = sorted(self.left)
-        t, done = 0.0, 0
-        for i, n in enumerate(left):
-            if n > done:
-                t += (n - done) * self.costs.step_seconds([0] * (len(left) - i))
-                done = n
-        return t
 
     def _far(self) -> bool:
         """Far from a switch, so compared four times less often (the comparison is a search

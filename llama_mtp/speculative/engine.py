@@ -88,9 +88,9 @@ SKIP_IDLE = 16
 SKIP_KEEP = 8
 #: A sequence that stopped drafting fewer than this many steps ago, and whose drafts would
 #: pay once under way next to the step's other sequences (:meth:`DraftPolicy.steady_ratios`
-#: at least EAGER_RATIO), feeds the MTP context after every step (one decode for all such
-#: sequences, with the shadow guesses) instead of queueing: resuming then brings no backlog
-#: of catch-up rows to its first draft decode. That backlog (a dozen rows, ~5 ms on a 2-core
+#: at least EAGER_RATIO), feeds the MTP context every few steps (EAGER_ROWS; one decode for
+#: all such sequences, with the shadow guesses) instead of queueing: resuming then brings
+#: next to no backlog of catch-up rows to its first draft decode. That backlog (a dozen rows, ~5 ms on a 2-core
 #: CPU) priced resuming too dear on ~50% text: auto ran at 0.96x plain on a Xeon where k = 2
 #: made 1.09x (1.00x with this). Longer idle sequences, ones that never drafted and ones
 #: whose text does not pay queue; so do all of them while another sequence drafts (its first
@@ -1309,7 +1309,8 @@ class SpeculativeEngine:
 
     def _eager(self, live: list[_Seq], queued: list[_Seq]) -> list[_Seq]:
         """The idle sequences among ``live`` (the step's unfinished ones) that catch up now
-        although their queue is short (EAGER_IDLE). None while another sequence drafts: its
+        although their queue is short (EAGER_IDLE), once one of them has queued EAGER_ROWS
+        rows (``eager_rows``). None while another sequence drafts: its
         next first draft decode carries their rows anyway, for a few rows' cost instead of
         a decode of their own."""
         assert self.drafter is not None

@@ -702,15 +702,14 @@ def test_a_probe_of_long_idle_sequences_carries_few_catch_up_rows(model_path) ->
         assert_greedy_matches(g, reference(path, tuple(p), n))
 
 
-@pytest.mark.parametrize("eager,ratio,rows", [(True, 1.0, 1), (True, 1.0, 4), (True, 0.5, 1), (False, 1.0, 1)])
+@pytest.mark.parametrize("eager,ratio", [(True, 1.0), (True, 0.5), (False, 1.0)])
 @pytest.mark.parametrize("n_seq", [1, 2])
-def test_recently_idle_sequences_catch_up_every_few_steps(model_path, eager: bool, ratio: float, rows: int,
-                                                           n_seq: int) -> None:
+def test_recently_idle_sequences_catch_up_every_step(model_path, eager: bool, ratio: float, n_seq: int) -> None:
     """A sequence that drafted a few steps ago, and whose drafts would pay once under way,
-    feeds the MTP context once one of them has queued ``eager_rows`` rows (every step
-    at 1), so resuming carries fewer than that, all such sequences in one flush; one
-    whose drafts would not pay, or that has idled for EAGER_IDLE steps (or with
-    ``eager_idle = 0``), queues its rows. Output is plain greedy decoding."""
+    feeds the MTP context after every idle step (so resuming carries no backlog), all
+    such sequences in one flush; one whose drafts would not pay, or that has idled for
+    EAGER_IDLE steps (or with ``eager_idle = 0``), queues its rows. Output is plain
+    greedy decoding."""
     from llama_mtp.speculative.engine import CATCH_UP_QUEUE, EAGER_IDLE, EAGER_RATIO, SKIP_IDLE, SKIP_KEEP
 
     path = str(model_path("planted"))
@@ -719,7 +718,6 @@ def test_recently_idle_sequences_catch_up_every_few_steps(model_path, eager: boo
     n = EAGER_IDLE + 12
     with SpeculativeEngine(model, n_ctx=256, sampling=GREEDY, max_sequences=n_seq) as eng:
         assert eng.eager_idle == EAGER_IDLE
-        eng.eager_rows = rows
         if not eager:
             eng.eager_idle = 0
         steps = [0]
@@ -746,18 +744,16 @@ def test_recently_idle_sequences_catch_up_every_few_steps(model_path, eager: boo
             if eng.active:
                 pending.append([(eng.sequence(i).stats.num_drafts, eng.drafter.pending(i)) for i in ids])
                 if eager and ratio >= EAGER_RATIO and 3 <= len(pending) <= EAGER_IDLE:
-                    # every recent one, in one flush (each step, or once one has queued `rows`)
-                    assert flushes == [ids] if rows == 1 else flushes in ([ids], [])
+                    assert flushes == [ids]  # every recent one, in one flush
         got = [eng.sequence(i).tokens for i in ids]
     assert all(p[0] == 2 for p in pending[1])  # they drafted
     assert bool(priced) == eager
     for j in range(n_seq):
         idle = [row[j][1] for row in pending[2:]]
         if eager and ratio >= EAGER_RATIO:
-            # caught up whenever `rows` were queued while it is recent, queueing after EAGER_IDLE of them
-            recent = idle[: EAGER_IDLE - 1]
-            assert max(recent) < rows and 0 in recent and (rows == 1 or max(recent) == rows - 1)
-            assert idle[-1] == recent[-1] + len(idle) - (EAGER_IDLE - 1) <= CATCH_UP_QUEUE
+            # caught up after every idle step while it is recent, queueing after EAGER_IDLE of them
+            assert idle[: EAGER_IDLE - 1] == [0] * (EAGER_IDLE - 1)
+            assert idle[-1] == len(idle) - (EAGER_IDLE - 1) <= CATCH_UP_QUEUE
         else:
             # queued, as before: the last draft's accepted rows, one more each idle step --
             # until SKIP_IDLE idle steps, when it keeps only its last SKIP_KEEP rows
@@ -800,7 +796,6 @@ def test_idle_rows_ride_along_while_another_sequence_drafts(model_path) -> None:
 
         eng.policy.choose = choose  # type: ignore[method-assign]
         eng.policy.steady_ratios = lambda accs, cap, others=0: [2.0] * len(accs)  # type: ignore[method-assign]
-        eng.eager_rows = 1  # alone, it catches up after every step (the cadence: the test above)
         flushes = _record_flushes(eng)
         ids += [eng.add(p, max_tokens=n, ignore_eos=True) for p in prompts]
         queued, alone = [], []

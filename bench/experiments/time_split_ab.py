@@ -39,8 +39,6 @@ def make(name: str) -> SpeculativeEngine:
     for key, val in rest:
         if key == "noeager":
             e.eager_idle = 0
-        elif key == "eagerrows":
-            e.eager_rows = int(val)
         elif key == "eagerratio":
             e.eager_ratio = float(val)
         elif key == "eagerreal":

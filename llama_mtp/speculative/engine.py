@@ -88,9 +88,9 @@ SKIP_IDLE = 16
 SKIP_KEEP = 8
 #: A sequence that stopped drafting fewer than this many steps ago, and whose drafts would
 #: pay once under way next to the step's other sequences (:meth:`DraftPolicy.steady_ratios`
-#: at least EAGER_RATIO), feeds the MTP context every few steps (EAGER_ROWS; one decode for
-#: all such sequences, with the shadow guesses) instead of queueing: resuming then brings
-#: next to no backlog of catch-up rows to its first draft decode. That backlog (a dozen rows, ~5 ms on a 2-core
+#: at least EAGER_RATIO), feeds the MTP context after every step (one decode for all such
+#: sequences, with the shadow guesses) instead of queueing: resuming then brings no backlog
+#: of catch-up rows to its first draft decode. That backlog (a dozen rows, ~5 ms on a 2-core
 #: CPU) priced resuming too dear on ~50% text: auto ran at 0.96x plain on a Xeon where k = 2
 #: made 1.09x (1.00x with this). Longer idle sequences, ones that never drafted and ones
 #: whose text does not pay queue; so do all of them while another sequence drafts (its first
@@ -99,12 +99,6 @@ EAGER_IDLE = 16
 EAGER_RATIO = 0.95
 #: ... that ratio re-priced every this many steps per sequence
 EAGER_REFRESH = 4
-#: ... once one of them has queued this many rows: an MTP decode costs about the same for
-#: one row or a few (2-core EPYC, 0.3B model, one sequence: 2.1 ms for one row and its
-#: shadow guess, 3.9 ms for four and three guesses), and resuming with up to three rows
-#: queued costs next to nothing in its first draft decode. One sequence at ~50% there:
-#: catch-up 0.50 -> 0.29 ms a token (1 -> 4).
-EAGER_ROWS = 4
 #: Without snapshots (checkpoint rollback), a sequence whose verify carries more replayed
 #: tokens than this drafts nothing in it: a rejection restores the state from before the
 #: replay, which then grows (the policy prices replaying it again; this bounds it).
@@ -345,8 +339,6 @@ class SpeculativeEngine:
         self.eager_idle = EAGER_IDLE
         #: see EAGER_RATIO
         self.eager_ratio = EAGER_RATIO
-        #: see EAGER_ROWS
-        self.eager_rows = EAGER_ROWS
         self._acc_pool = Acceptance(max(1, draft_max))  # every sequence's MTP verifies: new sequences' prior
         self._last_fails = 0  # the probe backoff of the sequence that finished last
         self._clock = 0  # steps run (the engine's own count: stats may be replaced)
@@ -1309,8 +1301,7 @@ class SpeculativeEngine:
 
     def _eager(self, live: list[_Seq], queued: list[_Seq]) -> list[_Seq]:
         """The idle sequences among ``live`` (the step's unfinished ones) that catch up now
-        although their queue is short (EAGER_IDLE), once one of them has queued EAGER_ROWS
-        rows (``eager_rows``). None while another sequence drafts: its
+        although their queue is short (EAGER_IDLE). None while another sequence drafts: its
         next first draft decode carries their rows anyway, for a few rows' cost instead of
         a decode of their own."""
         assert self.drafter is not None
@@ -1318,7 +1309,7 @@ class SpeculativeEngine:
             return []
         near = [q for q in live if 0 < q.idle < self.eager_idle and q.state.stats.num_drafts
                 and q not in queued and self.drafter.pending(q.seq) > 0]
-        if not near or max(self.drafter.pending(q.seq) for q in near) < self.eager_rows:
+        if not near:
             return []
         # priced in this batch: next to the other sequences of the step, a lone draft's verify
         # rows and MTP decode weigh more than alone (four at ~50% on a 2-core Xeon: ~0.92 of

@@ -840,7 +840,6 @@ def test_calibration_times_each_shape_in_interleaved_rounds(model_path, monkeypa
     assert calls == one_round * rounds
 
 
-
 def test_several_sequences_draft_from_a_levelled_first_decode(model_path) -> None:
     """Sequences whose drafts are accepted to different depths start their next draft with
     different catch-up rows; the drafter levels that first decode by decoding entries again

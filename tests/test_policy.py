@@ -946,6 +946,34 @@ def test_idle_snapshots_that_are_not_hopeless_are_probed() -> None:
     assert not any(thin(q))
 
 
+def test_drafts_pay_only_in_a_step_whose_drafts_paid_together() -> None:
+    """A sequence whose draft paid is due another probe on the next step. With eight
+    sequences at ~55% one of them lands whatever the text, and the others ride along its
+    probe: the luckiest one set everyone's pace (eight on a 2-core CPU drafted for 22 steps
+    in a row, each at 0.8x the speed of idling). So a draft pays only where the step's
+    drafts paid together; one sequence is judged as before."""
+    p = DraftPolicy(6)
+    p.costs.verify.calibrate(8, [(r, 0.040 + 0.004 * r) for r in (8, 16, 24, 32, 48, 56)])
+    p.costs.draft.calibrate([(1, 0.004), (8, 0.008)])
+    ks = [1] * 8
+    alone = [p.paid(ks, i, 1) for i in range(8)]
+    assert all(alone)  # each landed token, alone, pays its share of what drafting added
+    landed = [1, 1, 1, 1, 0, 0, 0, 0]  # half of them: the step gained 4 tokens for 40 ms
+    assert p.costs.step_seconds(ks) - p.costs.step_seconds([0] * 8) > 4 * p.costs.step_seconds([0] * 8) / 8
+    assert p.paid_step(ks, landed) == [False] * 8
+    p.whole_step_paid = 0.0  # (the old rule: the four that landed paid)
+    assert p.paid_step(ks, landed) == [True] * 4 + [False] * 4
+    p.whole_step_paid = 1.0
+    most = [1, 1, 1, 1, 1, 1, 1, 0]  # the step paid: each draft is judged on its own
+    assert p.paid_step(ks, most) == [p.paid(ks, i, a) for i, a in enumerate(most)] == [True] * 7 + [False]
+    # sequences that did not draft pay nothing; one drafting alone is judged as paid() judges it
+    assert p.paid_step([0, 1, 0, 0, 0, 0, 0, 0], [0, 1, 0, 0, 0, 0, 0, 0]) == \
+        [True, p.paid([0, 1, 0, 0, 0, 0, 0, 0], 1, 1), True, True, True, True, True, True]
+    one = compute_bound()
+    for n in range(6):
+        assert one.paid_step([5], [n]) == [one.paid([5], 0, n)]
+
+
 def test_a_rejected_checkpoint_draft_pays_for_its_replay() -> None:
     """With checkpoints a rejection replays the accepted tokens (and the last) in the next
     verify: rows shared with the others where those verifies stay level, a pass of their

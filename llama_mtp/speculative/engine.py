@@ -1216,8 +1216,8 @@ class SpeculativeEngine:
 
         # 5. accept, roll back, catch up
         o = 0
-        layout_ks: list[int] | None = None
-        layout_ids: list[int] | None = None
+        outcomes: list[tuple[int, _Seq, int, int]] = []  # MTP drafts: (index in runnable, sequence, drafted, accepted)
+        landed = [0] * len(runnable)  # every draft's accepted tokens (MTP or n-gram), in runnable's order
         for j, q in enumerate(runnable):
             d = drafts[q.seq]
             k = len(d)
@@ -1234,15 +1234,9 @@ class SpeculativeEngine:
             # drafts past max_tokens (_level_tail) are verified, never emitted: not in the stats
             left = q.max_tokens - len(q.state.tokens) - 1
             q.state.stats.record(source[q.seq], min(k, left), min(n_acc, left), mode if k else None)
+            landed[j] = n_acc
             if source[q.seq] == "mtp" and q.acc is not None:
-                paid = None
-                if q.spec.draft_max == "auto":  # whether its draft earned its cost spaces out the probes
-                    if layout_ks is None:
-                        layout_ks = [len(drafts[x.seq]) for x in runnable]
-                        layout_ids = [x.seq for x in runnable]
-                    paid = self.policy.paid(layout_ks, j, n_acc, layout_ids)
-                q.acc.observe(k, n_acc, paid)
-                self._acc_pool.observe(k, n_acc, paid)
+                outcomes.append((j, q, k, n_acc))
             q.idle = 0 if k else q.idle + 1
             sl = spans[q.seq]
             accepted = [q.id_last, *d[:n_acc]]
@@ -1277,6 +1271,8 @@ class SpeculativeEngine:
             self._emit(q, emitted)
             events.append(StepEvent(q.sid, q.state.tokens[before:], q.state.finished, q.state.finish_reason))
         del logits, hidden
+        if outcomes:
+            self._observe_drafts(runnable, drafts, landed, outcomes)
         for q in runnable:
             if q.state.finished:
                 self._finish(q)
@@ -1298,6 +1294,21 @@ class SpeculativeEngine:
                 self.stats.catch_up_s += time.perf_counter() - t0
                 self._shadow_evidence()
         return events
+
+    def _observe_drafts(self, runnable: list[_Seq], drafts: dict[int, list[int]], landed: list[int],
+                        outcomes: list[tuple[int, _Seq, int, int]]) -> None:
+        """Fold the step's MTP drafts into their sequences' acceptance and the engine's
+        pool; for sequences choosing their length, with whether each draft earned its cost
+        (:meth:`DraftPolicy.paid_step`: it spaces out the probes)."""
+        paid: list[bool] | None = None
+        if any(q.spec.draft_max == "auto" for _, q, _, _ in outcomes):
+            ks = [len(drafts[x.seq]) for x in runnable]
+            paid = self.policy.paid_step(ks, landed, [x.seq for x in runnable])
+        for j, q, k, n_acc in outcomes:
+            verdict = paid[j] if paid is not None and q.spec.draft_max == "auto" else None
+            assert q.acc is not None
+            q.acc.observe(k, n_acc, verdict)
+            self._acc_pool.observe(k, n_acc, verdict)
 
     def _eager(self, live: list[_Seq], queued: list[_Seq]) -> list[_Seq]:
         """The idle sequences among ``live`` (the step's unfinished ones) that catch up now

@@ -961,9 +961,9 @@ def test_drafts_pay_only_in_a_step_whose_drafts_paid_together() -> None:
     landed = [1, 1, 1, 1, 0, 0, 0, 0]  # half of them: the step gained 4 tokens for 40 ms
     assert p.costs.step_seconds(ks) - p.costs.step_seconds([0] * 8) > 4 * p.costs.step_seconds([0] * 8) / 8
     assert p.paid_step(ks, landed) == [False] * 8
-    p.whole_step_paid = 0.0  # (the old rule: the four that landed paid)
+    p.whole_step_paid = False  # (the old rule: the four that landed paid)
     assert p.paid_step(ks, landed) == [True] * 4 + [False] * 4
-    p.whole_step_paid = 1.0
+    p.whole_step_paid = True
     most = [1, 1, 1, 1, 1, 1, 1, 0]  # the step paid: each draft is judged on its own
     assert p.paid_step(ks, most) == [p.paid(ks, i, a) for i, a in enumerate(most)] == [True] * 7 + [False]
     # sequences that did not draft pay nothing; one drafting alone is judged as paid() judges it

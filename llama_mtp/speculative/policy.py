@@ -691,9 +691,9 @@ class DraftPolicy:
         #: idle sequences may ride along a probe to keep its verify level (:meth:`_probe`;
         #: False: as before; for A/Bs)
         self.level_probes = True
-        #: a draft pays only in a step whose drafts paid together (:meth:`paid_step`; 0.0:
+        #: a draft pays only in a step whose drafts paid together (:meth:`paid_step`; False:
         #: each sequence on its own, as before; for A/Bs)
-        self.whole_step_paid = 1.0
+        self.whole_step_paid = True
         self._compare_in = self.switch_every  # steps to the next comparison
         self._snap_idle = False         # the last comparison's snapshot layout drafted nothing
         #: comparisons in a row that found it so (an engine memory keeps it: see SpeculativeEngine._recall)
@@ -1031,7 +1031,7 @@ class DraftPolicy:
         acceptance drafted all eight for 22 steps in a row that way (each step 0.8x the
         tokens/s of idling) -- the luckiest sequence set the pace of everyone's probes.
         One sequence: the same as :meth:`paid`."""
-        if self.whole_step_paid < 0.5:  # (for A/Bs: each sequence on its own, as before)
+        if not self.whole_step_paid:  # (for A/Bs: each sequence on its own, as before)
             return [self.paid(ks, i, a, ids) for i, a in enumerate(accepted)]
         got, gain, cost = [], 0.0, 0.0
         for i, a in enumerate(accepted):

@@ -383,6 +383,49 @@ def test_acceptance_counts_are_consistent(model_path) -> None:
     assert 0 <= t.python_share < 1
 
 
+def test_whether_a_draft_paid_is_judged_for_the_whole_step(model_path) -> None:
+    """Each step that drafts asks the policy once, with the step's draft lengths and
+    accepted tokens (DraftPolicy.paid_step), and each drafting sequence's acceptance
+    estimate takes its verdict: the one that spaces out its probes."""
+    model = _models(str(model_path("noisy")))
+    with SpeculativeEngine(model, max_sequences=4, n_ctx=256, draft_max="auto", sampling=GREEDY) as eng:
+        c = eng.policy.costs  # rows neither free nor dear: some steps' drafts pay, some do not
+        for n in (1, 4):
+            c.verify.calibrate(n, [(r, 0.010 + 0.001 * r) for r in range(1, n * (eng.draft_max + 1) + 1)])
+        c.draft.calibrate([(1, 0.001), (4, 0.0012)])
+        c.verify.observe = c.draft.observe = c.first.observe = lambda *a: None  # type: ignore[method-assign]
+        calls: list[tuple[list[int], list[int], list[int], list[bool]]] = []
+        judge = eng.policy.paid_step
+
+        def paid_step(ks, accepted, ids=None):
+            got = judge(ks, accepted, ids)
+            calls.append((list(ks), list(accepted), list(ids), got))
+            return got
+
+        eng.policy.paid_step = paid_step  # type: ignore[method-assign]
+        ids = eng.add_many([dict(prompt=model.tokenize(p), max_tokens=40) for p in PROMPTS])
+        checked = 0
+        while eng.active:
+            n = len(calls)
+            eng.step()
+            assert len(calls) <= n + 1
+            if len(calls) > n:  # a drafting step: each drafting sequence holds the step's verdict
+                ks, _, slots, got = calls[-1]
+                for k, slot, verdict in zip(ks, slots, got, strict=True):
+                    q = eng._seqs.get(slot)
+                    if k > 0 and q is not None:
+                        assert q.acc.paid_last == verdict
+                        checked += 1
+        out = [eng.sequence(i).tokens for i in ids]
+    assert checked > 5
+    verdicts = [[g for k, g in zip(ks, got, strict=True) if k] for ks, _, _, got in calls]
+    assert any(all(v) for v in verdicts if v) and any(not any(v) for v in verdicts if v)  # steps paid, and did not
+    # ... and some draft that landed was judged not to have paid: the verdict is not just "something landed"
+    assert any(k and a and not g for ks, acc, _, got in calls for k, a, g in zip(ks, acc, got, strict=True))
+    for p, toks in zip(PROMPTS, out, strict=True):
+        assert_greedy_matches(toks, reference(str(model_path("noisy")), tuple(model.tokenize(p)), 40))
+
+
 @pytest.mark.parametrize("draft_max", [1, 3])
 def test_acceptance_follows_the_planted_model(model_path, draft_max: int) -> None:
     """A model whose MTP head is blind on part of its sentence (acceptance ~1, then 0,

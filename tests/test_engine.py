@@ -35,14 +35,15 @@ def run(engine: SpeculativeEngine, prompts: list[list[int]], lengths: list[int],
     return [engine.sequence(i).tokens for i in ids]
 
 
-def pin_costs(eng: SpeculativeEngine) -> None:
-    """Pin the decode costs of a small CPU (each row costs) for draft_max='auto': a tiny
-    model's decodes cost about the same for 1 or 7 rows, within timing noise, so the
-    policy's choice would be a coin toss; pinned, a test is about acceptance."""
+def pin_costs(eng: SpeculativeEngine, row: float = 0.004, draft: tuple[float, float] = (0.003, 0.0005)) -> None:
+    """Pin the decode costs of a small CPU (each row costs ``row`` seconds) for
+    draft_max='auto': a tiny model's decodes cost about the same for 1 or 7 rows, within
+    timing noise, so the policy's choice would be a coin toss; pinned, a test is about
+    acceptance. ``draft``: an MTP decode's seconds, fixed and per drafting sequence."""
     c = eng.policy.costs
     for n in {1, eng.max_sequences}:
-        c.verify.calibrate(n, [(r, 0.010 + 0.004 * r) for r in range(1, n * (eng.draft_max + 1) + 1)])
-    c.draft.calibrate([(1, 0.003), (eng.max_sequences, 0.003 + 0.0005 * eng.max_sequences)])
+        c.verify.calibrate(n, [(r, 0.010 + row * r) for r in range(1, n * (eng.draft_max + 1) + 1)])
+    c.draft.calibrate([(1, draft[0]), (eng.max_sequences, draft[0] + draft[1] * eng.max_sequences)])
     c.verify.observe = c.draft.observe = c.first.observe = lambda *a: None  # type: ignore[method-assign]
 
 
@@ -389,11 +390,7 @@ def test_whether_a_draft_paid_is_judged_for_the_whole_step(model_path) -> None:
     estimate takes its verdict: the one that spaces out its probes."""
     model = _models(str(model_path("noisy")))
     with SpeculativeEngine(model, max_sequences=4, n_ctx=256, draft_max="auto", sampling=GREEDY) as eng:
-        c = eng.policy.costs  # rows neither free nor dear: some steps' drafts pay, some do not
-        for n in (1, 4):
-            c.verify.calibrate(n, [(r, 0.010 + 0.001 * r) for r in range(1, n * (eng.draft_max + 1) + 1)])
-        c.draft.calibrate([(1, 0.001), (4, 0.0012)])
-        c.verify.observe = c.draft.observe = c.first.observe = lambda *a: None  # type: ignore[method-assign]
+        pin_costs(eng, row=0.001, draft=(0.001, 0.00005))  # rows neither free nor dear: some steps' drafts pay, some do not
         calls: list[tuple[list[int], list[int], list[int], list[bool]]] = []
         judge = eng.policy.paid_step
 

@@ -1216,7 +1216,7 @@ class SpeculativeEngine:
 
         # 5. accept, roll back, catch up
         o = 0
-        outcomes: list[tuple[int, _Seq, int, int]] = []  # MTP drafts: (index in runnable, sequence, drafted, accepted)
+        mtp_rows: list[int] = []  # the MTP drafts with acceptance estimates: their indices in runnable
         landed = [0] * len(runnable)  # every draft's accepted tokens (MTP or n-gram), in runnable's order
         for j, q in enumerate(runnable):
             d = drafts[q.seq]
@@ -1236,7 +1236,7 @@ class SpeculativeEngine:
             q.state.stats.record(source[q.seq], min(k, left), min(n_acc, left), mode if k else None)
             landed[j] = n_acc
             if source[q.seq] == "mtp" and q.acc is not None:
-                outcomes.append((j, q, k, n_acc))
+                mtp_rows.append(j)
             q.idle = 0 if k else q.idle + 1
             sl = spans[q.seq]
             accepted = [q.id_last, *d[:n_acc]]
@@ -1271,8 +1271,8 @@ class SpeculativeEngine:
             self._emit(q, emitted)
             events.append(StepEvent(q.sid, q.state.tokens[before:], q.state.finished, q.state.finish_reason))
         del logits, hidden
-        if outcomes:
-            self._observe_drafts(runnable, drafts, landed, outcomes)
+        if mtp_rows:
+            self._observe_drafts(runnable, drafts, landed, mtp_rows)
         for q in runnable:
             if q.state.finished:
                 self._finish(q)
@@ -1296,19 +1296,20 @@ class SpeculativeEngine:
         return events
 
     def _observe_drafts(self, runnable: list[_Seq], drafts: dict[int, list[int]], landed: list[int],
-                        outcomes: list[tuple[int, _Seq, int, int]]) -> None:
-        """Fold the step's MTP drafts into their sequences' acceptance and the engine's
+                        mtp_rows: list[int]) -> None:
+        """Fold the step's MTP drafts (``runnable[j]`` for j in ``mtp_rows``; ``landed``:
+        every draft's accepted tokens) into their sequences' acceptance and the engine's
         pool; for sequences choosing their length, with whether each draft earned its cost
         (:meth:`DraftPolicy.paid_step`: it spaces out the probes)."""
-        paid: list[bool] | None = None
-        if any(q.spec.draft_max == "auto" for _, q, _, _ in outcomes):
-            ks = [len(drafts[x.seq]) for x in runnable]
-            paid = self.policy.paid_step(ks, landed, [x.seq for x in runnable])
-        for j, q, k, n_acc in outcomes:
-            verdict = paid[j] if paid is not None and q.spec.draft_max == "auto" else None
+        ks = [len(drafts[x.seq]) for x in runnable]
+        auto = {j for j in mtp_rows if runnable[j].spec.draft_max == "auto"}
+        paid = self.policy.paid_step(ks, landed, [x.seq for x in runnable]) if auto else []
+        for j in mtp_rows:
+            q = runnable[j]
+            verdict = paid[j] if j in auto else None
             assert q.acc is not None
-            q.acc.observe(k, n_acc, verdict)
-            self._acc_pool.observe(k, n_acc, verdict)
+            q.acc.observe(ks[j], landed[j], verdict)
+            self._acc_pool.observe(ks[j], landed[j], verdict)
 
     def _eager(self, live: list[_Seq], queued: list[_Seq]) -> list[_Seq]:
         """The idle sequences among ``live`` (the step's unfinished ones) that catch up now

@@ -423,6 +423,43 @@ def test_whether_a_draft_paid_is_judged_for_the_whole_step(model_path) -> None:
         assert_greedy_matches(toks, reference(str(model_path("noisy")), tuple(model.tokenize(p)), 40))
 
 
+@pytest.mark.skipif(GPU, reason="a GPU build may offload the recurrent layers")
+def test_replays_are_levelled_by_the_drafts(model_path) -> None:
+    """Without snapshots a rejection's accepted tokens are replayed in the next verify.
+    Where several sequences replay, the policy's search tries a common row count (each
+    replaying sequence drafts as many fewer tokens as it replays), so the verify is one
+    pass over the weights on recurrent memory: the engine verifies such steps as chosen,
+    and stays lossless. (tests/test_policy.py has the search that misses them without it.)"""
+    path = str(model_path("noisy"))
+    model = _models(path)
+    with SpeculativeEngine(model, max_sequences=4, n_ctx=256, draft_max="auto", sampling=GREEDY,
+                           rollback="checkpoint") as eng:
+        pin_costs(eng, row=0.0005)  # a pass dear against a row: uneven verifies cost a pass each
+        c = eng.policy.costs
+        c.save = c.restore = 0.0002
+        c.observe_save = c.observe_restore = c.observe_overhead = lambda *a: None  # type: ignore[method-assign]
+        levelled = 0
+        choose = eng.policy.choose
+
+        def watch(cands):  # type: ignore[no-untyped-def]
+            nonlocal levelled
+            ks = choose(cands)
+            rows = [1 + ks[s] + cands[s].backlog for s in cands]
+            if sum(1 for s in cands if cands[s].backlog) >= 2 and any(ks.values()) and len(c.passes(rows, list(cands))) == 1:
+                levelled += 1
+            return ks
+
+        eng.policy.choose = watch  # type: ignore[method-assign]
+        ids = eng.add_many([dict(prompt=model.tokenize(p), max_tokens=40) for p in PROMPTS])
+        while eng.active:
+            eng.step()
+        out = [eng.sequence(i).tokens for i in ids]
+        restores = eng.stats.spec.checkpoint_restores
+    assert levelled > 0 and restores > 5, (levelled, restores)
+    for p, toks in zip(PROMPTS, out, strict=True):
+        assert_greedy_matches(toks, reference(path, tuple(model.tokenize(p)), 40))
+
+
 @pytest.mark.parametrize("draft_max", [1, 3])
 def test_acceptance_follows_the_planted_model(model_path, draft_max: int) -> None:
     """A model whose MTP head is blind on part of its sentence (acceptance ~1, then 0,

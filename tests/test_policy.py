@@ -1041,3 +1041,32 @@ def test_new_sequences_start_the_mode_comparison_afresh(reset: bool) -> None:
     ks = p.choose({s: Candidate(6, new[s], None, 0) for s in range(4)})
     assert all(k > 0 for k in ks.values())  # the new ones draft
     assert p.switch_wanted is (not reset)
+
+
+def test_a_verify_carrying_replays_is_levelled_by_the_drafts() -> None:
+    """Without snapshots, half of eight sequences on recurrent memory replay a token (their
+    rejections' accepted ones) in this verify. Drafting nothing leaves their rows uneven --
+    two passes over the weights, what a 2-core CPU measured at twice an idle step -- and
+    the same draft for everyone keeps them uneven. A draft one token shorter for each
+    sequence that replays one keeps every sequence's rows equal: one pass. The search tries
+    that common row count, not only a common draft length (single-sequence moves cannot
+    find it: one sequence levelled alone leaves the others uneven)."""
+    p = DraftPolicy(6)
+    for n in (1, 8):
+        p.costs.verify.calibrate(n, [(r, 0.040 + 0.0025 * r) for r in (1, 2, 4, 8, 16, 24, 32, 48, 56)])
+    p.costs.draft.calibrate([(1, 0.008), (8, 0.010)])
+    p.costs.split = (512, True, 0)
+    p.replays = True
+    p.costs.save = p.costs.restore = 0.0005
+    backlog = [0, 1, 0, 1, 1, 0, 1, 0]
+    cands = {s: Candidate(6, acc(0.75), None, 0, b) for s, b in enumerate(backlog)}
+    ks = p.choose(cands)
+    rows = [1 + ks[s] + b for s, b in enumerate(backlog)]
+    assert len(p.costs.passes(rows)) == 1, (ks, rows)
+    assert any(ks.values())
+    p._last, p.level_replays = {}, False  # a common draft length only (the A/B switch): uneven
+    ks = p.choose(cands)
+    assert len(p.costs.passes([1 + ks[s] + b for s, b in enumerate(backlog)])) > 1, ks
+    p._last, p.level_replays = {}, True
+    ks = p.choose({s: Candidate(6, acc(0.75), None, 0) for s in range(8)})  # nothing replayed
+    assert len(set(ks.values())) == 1 and any(ks.values()), ks

@@ -93,7 +93,7 @@ def policy_view(eng: SpeculativeEngine) -> str:
              f"overhead {c.overhead * 1e3:.2f} ms a step; drafts chosen {dict(sorted(st.spec.draft_length_hist.items()))}"]
     for n, curve in sorted(c.verify.curves.items()):
         lines.append(f"  verify, {n} sequence(s), ms by rows: {ms(curve.now())}")
-    lines.append(f"  MTP draft decode, ms by outputs: {ms(c.draft.now())}; first: {ms(c.first.now())}; "
+    lines.append(f"  MTP draft decode, ms by outputs: {ms(c.draft.now())}; a catch-up row in the first: {c.catch.per_row * 1e3:.3f}; "
                  f"speed drift since calibration: x{c.drift.factor:.3f}")
     lines.append(f"  acceptance by position: {st.spec.accepted_per_position}")
     return "\n".join(lines)

@@ -44,13 +44,13 @@ def pin_costs(eng: SpeculativeEngine, row: float = 0.004, draft: tuple[float, fl
     for n in {1, eng.max_sequences}:
         c.verify.calibrate(n, [(r, 0.010 + row * r) for r in range(1, n * (eng.draft_max + 1) + 1)])
     c.draft.calibrate([(1, draft[0]), (eng.max_sequences, draft[0] + draft[1] * eng.max_sequences)])
-    c.verify.observe = c.draft.observe = c.first.observe = lambda *a: None  # type: ignore[method-assign]
+    c.verify.observe = c.draft.observe = c.catch.observe = lambda *a: None  # type: ignore[method-assign]
 
 
 def never_draft(eng: SpeculativeEngine) -> None:
     """Make an MTP draft decode cost a second: drafting never pays, sequences stay idle."""
     eng.policy.costs.draft.calibrate([(1, 1.0)])
-    eng.policy.costs.draft.observe = eng.policy.costs.first.observe = lambda *a: None  # type: ignore[method-assign]
+    eng.policy.costs.draft.observe = eng.policy.costs.catch.observe = lambda *a: None  # type: ignore[method-assign]
 
 
 @pytest.mark.parametrize("rollback", ["snapshots", "checkpoint"])
@@ -657,19 +657,34 @@ def test_auto_adapts_to_the_model(model_path) -> None:
 
 def test_first_draft_decode_is_priced_apart(model_path) -> None:
     """A drafting step's first MTP decode (which carries the catch-up rows) is timed on
-    its own, by drafting sequences; the pure draft decodes after it by their outputs."""
+    its own, with its rows: what it took beyond a pure draft decode is the catch-up rows'
+    price; the pure draft decodes after it are timed by their outputs. The policy is
+    told each sequence's queued rows."""
     with SpeculativeEngine(_models(str(model_path("planted"))), max_sequences=2, n_ctx=256, draft_max=3,
                            sampling=GREEDY) as eng:
         assert eng.drafter is not None
         ids = eng.add_many([dict(prompt=p, max_tokens=24, ignore_eos=True) for p in PROMPTS[:2]])
+        seen: list[dict[int, int]] = []
+        real_choose = eng.policy.choose
+        eng.policy.choose = lambda cands: (seen.append({s: c.pending for s, c in cands.items()}),  # type: ignore[method-assign]
+                                           real_choose(cands))[1]
+        learnt: list[tuple[int, float]] = []
+        real_observe = eng.policy.costs.catch.observe
+        eng.policy.costs.catch.observe = lambda rows, s: (learnt.append((rows, s)), real_observe(rows, s))[1]  # type: ignore[method-assign]
         eng.step()
-        n, secs = eng.drafter.first_timing  # type: ignore[misc]
+        n, rows, secs = eng.drafter.first_timing  # type: ignore[misc]
         assert n == 2 and secs > 0
-        assert [rows for rows, _ in eng.drafter.last_timings] == [2, 2]  # k=3: two more decodes
+        assert [r for r, _ in eng.drafter.last_timings] == [2, 2]  # k=3: two more decodes
+        pending = {s: eng.drafter.pending(s) for s in range(2)}
+        assert sum(pending.values()) > 0  # the verify's accepted rows, queued for the next first decode
+        eng.step()
+        assert seen[-1] == pending  # the policy saw the rows the next first decode carries
+        n, rows, secs = eng.drafter.first_timing  # type: ignore[misc]
+        assert rows >= n + sum(pending.values())  # (levelled rows may come on top)
+        assert learnt and learnt[-1][0] == rows - n
         while eng.active:
             eng.step()
-        costs = eng.policy.costs
-        assert set(costs.first.points) <= {1, 2} and 2 in costs.first.points
+        assert eng.policy.costs.catch.rows > 0
         assert all(eng.sequence(i).stats.acceptance_rate == 1.0 for i in ids)
 
 

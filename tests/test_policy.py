@@ -495,17 +495,41 @@ def test_flowing_evidence_stands_in_for_forced_probes() -> None:
     assert p.choose({0: (6, a, None, 440)})[0] >= 1
 
 
-def test_first_draft_decode_cost_counts() -> None:
-    """A drafting step's first MTP decode also carries the catch-up rows of what was
-    accepted; once it is measured dear, drafting that paid on the clean draft cost stops."""
-    p = compute_bound()
+def test_catch_up_rows_price_the_first_draft_decode() -> None:
+    """A drafting step's first MTP decode also carries every queued catch-up row: what
+    such decodes took beyond a pure draft decode is learnt per row, and a step is priced
+    by the rows it will carry -- whole for a sequence that drafted on the last step (what
+    its verify accepted: every drafting step pays that), spread over ``resume_steps`` for
+    one that resumes (paid once, for the run of drafts it starts)."""
     a = acc(0.8)
-    assert p.choose({0: (6, a, None, 0)})[0] >= 1  # priced on the pure draft decodes
     p = compute_bound()
-    p.costs.first.calibrate([(1, 0.020), (4, 0.030)])
-    assert p.costs.step_seconds([1]) == pytest.approx(0.026 + 0.020)
-    assert p.costs.step_seconds([2]) == pytest.approx(0.034 + 0.020 + 0.004)
-    assert p.choose({0: (6, a, None, 0)})[0] == 0
+    assert p.choose({0: (6, a, None, 0)})[0] >= 1  # priced on the pure draft decodes
+    p.costs.observe_first(1, 1, 0.5)  # no catch-up rows: nothing learnt about them
+    assert p.costs.catch.per_row == 0.0
+    p.costs.observe_first(1, 11, p.costs.draft(1) + 0.010)  # 10 rows, 10 ms beyond the draft decode
+    p.costs.observe_first(4, 24, p.costs.draft(4) + 0.010)  # 20 rows, 10 ms
+    assert p.costs.catch.per_row == pytest.approx(0.020 / 30, rel=0.05)
+    assert p.costs.step_seconds([1], carry=15) == pytest.approx(p.costs.step_seconds([1]) + 15 * p.costs.catch.per_row)
+    assert p.costs.step_seconds([0], carry=15) == p.costs.step_seconds([0])  # no draft, no first decode
+    costs = p.costs
+
+    def choose(idle: int, pending: int, resume_steps: int = 8) -> tuple[int, float]:
+        q = compute_bound()
+        q.costs.catch = costs.catch
+        q.resume_steps = resume_steps
+        k = q.choose({0: Candidate(6, a, None, idle, 0, pending)})[0]
+        return k, q.estimated_tok_s
+
+    assert choose(0, 0)[0] >= 1
+    assert choose(0, 12)[0] == 0  # drafting under way with 12 rows a step does not pay here
+    k, est = choose(3, 12)  # resuming after 3 idle steps: 12 rows once, for the run it starts
+    assert k >= 1
+    q = compute_bound()
+    q.costs.catch = costs.catch
+    tab = a.expected_table(6)
+    # what the step is measured against: its own rows, all of them
+    assert est == pytest.approx(tab[k] / q.costs.step_seconds([k], carry=12))
+    assert choose(3, 12, resume_steps=1)[0] == 0  # priced whole
 
 
 @pytest.mark.parametrize("cpu", ["epyc", "xeon"])
@@ -523,32 +547,32 @@ def test_steady_ratio_prices_drafting_under_way(cpu: str) -> None:
     else:
         p.costs.verify.calibrate(1, [(1, 0.0244), (2, 0.0308), (3, 0.0354), (7, 0.0519)])
         p.costs.draft.calibrate([(1, 0.0058)])
-    p.costs.first.calibrate([(1, 0.0110)])  # resuming after idle steps, with a backlog of catch-up rows
+    p.costs.observe_first(1, 1 + 12, p.costs.draft(1) + 0.0084)  # resuming after idle steps: 12 queued catch-up rows
     a, b = Acceptance(6, prior=0.66, pseudo=1e12), Acceptance(6, prior=0.2, pseudo=1e12)
     got = p.steady_ratios([a, b], 6)
     assert got == p.steady_ratios([a, b], 6, others=0)
     plain = p.costs.step_seconds([0])
     tab = a.expected_table(6)
-    want = max(tab[k] / p.costs.step_seconds([k], steady=True) for k in range(1, 7)) * plain
+    want = max(tab[k] / p.costs.step_seconds([k]) for k in range(1, 7)) * plain
     assert got[0] == pytest.approx(want)
     assert got[1] < got[0]  # less acceptance, less to earn
-    # steady: the dear first decode is left out, not the draft decodes
-    assert p.costs.step_seconds([2], steady=True) == pytest.approx(
+    # steady: the catch-up rows are left out, not the draft decodes
+    assert p.costs.step_seconds([2]) == pytest.approx(
         plain - p.costs.verify_layout([1]) + p.costs.verify_layout([3]) + 2 * p.costs.draft(1))
-    assert p.costs.step_seconds([2]) > p.costs.step_seconds([2], steady=True)
+    assert p.costs.step_seconds([2], carry=12) > p.costs.step_seconds([2])
     if cpu == "epyc":
         assert got[0] < 0.95
     else:
         assert 1.05 < got[0] < 1.15
         # resuming with a backlog prices k = 1 .. 2 near plain: what kept auto idle there
-        assert max(tab[k] / p.costs.step_seconds([k]) for k in (1, 2)) * plain < 1.03
+        assert max(tab[k] / p.costs.step_seconds([k], carry=12) for k in (1, 2)) * plain < 1.03
         # next to three sequences that draft nothing (their verify rows measured on this
         # Xeon), one more row and an MTP decode weigh more against the shared step: the
         # same text no longer pays -- the batch's tokens over its seconds, both ways
         p.costs.verify.calibrate(4, [(4, 0.04115), (8, 0.05536), (12, 0.06746)])
         four = p.steady_ratios([a], 6, others=3)[0]
         idle = p.costs.step_seconds([0, 0, 0, 0])
-        assert four == pytest.approx(max((tab[k] + 3) / p.costs.step_seconds([k, 0, 0, 0], steady=True)
+        assert four == pytest.approx(max((tab[k] + 3) / p.costs.step_seconds([k, 0, 0, 0])
                                          for k in range(1, 7)) * idle / 4)
         assert four < 0.95 < 1.05 < p.steady_ratios([a], 6)[0]
 

@@ -31,9 +31,8 @@ engines = {"plain": A.engine(model, 0, n_par, 2, 4096),
            "auto idle": A.engine(model, "auto", n_par, 2, 4096, rollback="checkpoint")}
 costs = engines["auto idle"].policy.costs
 costs.draft.points.clear()
-costs.first.points.clear()
 costs.draft.calibrate([(1, 1.0), (n_par, 1.0)])
-costs.draft.observe = costs.first.observe = lambda *a: None  # type: ignore[method-assign]
+costs.draft.observe = costs.catch.observe = lambda *a: None  # type: ignore[method-assign]
 targets = {id(e.target) for e in engines.values()}
 last: dict[str, float] = {}
 decode = Context.decode

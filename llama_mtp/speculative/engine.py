@@ -1132,11 +1132,11 @@ class SpeculativeEngine:
                 q.acc.tick()
                 if q.seq in ngram_d:
                     n = len(ngram_d[q.seq])
-                    cands[q.seq] = Candidate(n, q.acc, n, 0, q.n_backlog)
+                    cands[q.seq] = Candidate(n, q.acc, n, 0, q.n_backlog, self.drafter.pending(q.seq))
                 else:
                     cap = min(caps[q.seq], self._mtp_k(q))
                     cands[q.seq] = Candidate(cap, q.acc, None if q.spec.draft_max == "auto" else cap, q.idle,
-                                             q.n_backlog)
+                                             q.n_backlog, self.drafter.pending(q.seq))
             ks = self.policy.choose(cands)
         ks = self._level_tail(runnable, ks, ngram_d)
         room = self.target.n_batch - sum(q.n_backlog + 1 for q in runnable)

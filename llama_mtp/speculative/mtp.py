@@ -159,9 +159,9 @@ class MTPDrafter:
         self.skipped = 0  # catch-up rows dropped by skip()
         self.leveled = 0  # entries decoded again to level a first draft decode (_level)
         self.last_timings: list[tuple[int, float]] = []  # (rows, seconds): last draft()'s pure draft decodes
-        #: (drafting sequences, seconds) of the last draft()'s first decode, which also
+        #: (drafting sequences, rows, seconds) of the last draft()'s first decode, which also
         #: carried the queued catch-up rows -- what a drafting step's first MTP decode costs
-        self.first_timing: tuple[int, float] | None = None
+        self.first_timing: tuple[int, int, float] | None = None
         self.shadow_predictions: list[tuple[int, int, int]] = []  # last flush(shadow=...)'s guesses
         #: the reduced draft vocabulary (None: the full LM head, inside the MTP decode); where
         #: its rows cannot be copied, ``head_required=False`` drafts from the full head instead
@@ -446,7 +446,7 @@ class MTPDrafter:
             if step > 0:
                 self.last_timings.append((b.n_tokens, dt))
             else:  # the first decode also carries catch-up rows: not a clean draft cost
-                self.first_timing = (len(live), dt)
+                self.first_timing = (len(live), b.n_tokens, dt)
                 self._consume(taken)
                 for r in live:
                     q = self._q(r.seq)

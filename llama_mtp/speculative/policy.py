@@ -64,13 +64,16 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-__all__ = ["Acceptance", "Candidate", "CostModel", "DraftPolicy", "Drift", "PiecewiseCost", "VerifyCost",
-           "equal_split"]
+__all__ = ["Acceptance", "Candidate", "CostModel", "DraftPolicy", "Drift", "PiecewiseCost", "RowCost",
+           "VerifyCost", "equal_split"]
 
 
 #: how the explore bonus of a draft position fades with its evidence: explore / (evidence +
 #: 1) ** EXPLORE_POWER (:attr:`DraftPolicy.explore_power`, the default of every estimate)
 EXPLORE_POWER = 1.0
+#: catch-up rows a resuming sequence brings are priced spread over this many drafting steps
+#: (:attr:`DraftPolicy.resume_steps`)
+RESUME_STEPS = 8
 #: how much the engine's pooled evidence of a position (other sequences' drafts that reached
 #: it) counts towards the evidence the explore bonus fades with (:attr:`DraftPolicy.explore_pool`)
 EXPLORE_POOL = 1.0
@@ -200,6 +203,37 @@ class PiecewiseCost:
         return max(1e-6, y0 + slope * (rows - lo))
 
 
+class RowCost:
+    """Seconds per row of work that grows with its rows, learnt from noisy samples of
+    (rows, seconds): the ratio of exponentially decayed sums, so a sample weighs by its
+    rows (a big one measures the slope best; a sample of one row is mostly noise).
+    Seconds are kept at the drift factor's 1.0 and answered at the current one."""
+
+    def __init__(self, forget: float = 0.95, drift: Drift | None = None) -> None:
+        self.forget = forget
+        self.drift = drift
+        self.seconds = 0.0  # decayed sum of samples' seconds (at factor 1)
+        self.rows = 0.0     # ... and of their rows
+
+    @property
+    def per_row(self) -> float:
+        """Seconds a row at the current speed (0.0 before any sample)."""
+        if self.rows <= 0.0:
+            return 0.0
+        return max(0.0, self.seconds / self.rows) * (self.drift.factor if self.drift is not None else 1.0)
+
+    def observe(self, rows: int, seconds: float) -> None:
+        if rows <= 0:
+            return
+        f = self.drift.factor if self.drift is not None else 1.0
+        # (a sample below zero -- a timing difference lost in noise -- counts: dropping it would bias the slope up)
+        self.seconds = self.forget * self.seconds + seconds / f
+        self.rows = self.forget * self.rows + rows
+
+    def __call__(self, rows: float) -> float:
+        return rows * self.per_row if rows > 0 else 0.0
+
+
 class VerifyCost:
     """Target decode seconds by (sequences in the batch, rows): one curve per
     sequence count (batches of many sequences and of one long sequence cost
@@ -298,10 +332,15 @@ class CostModel:
     verify: VerifyCost = field(init=False)
     #: an MTP draft decode by its outputs (the drafting sequences)
     draft: PiecewiseCost = field(init=False)
-    #: a drafting step's first MTP decode by its drafting sequences: it also carries the
-    #: catch-up rows of what the last verify accepted, which a sequence that does not
-    #: draft feeds the MTP context in cheaper batches (or skips); never below ``draft``
-    first: PiecewiseCost = field(init=False)
+    #: what a catch-up row adds to a drafting step's first MTP decode, which carries every
+    #: queued row (of every sequence) ahead of the drafts' start rows: learnt from those
+    #: decodes' time beyond a pure draft decode of their outputs. A step is priced by the
+    #: rows it will carry (:meth:`step_seconds`' ``carry``), not by how many sequences draft:
+    #: drafting under way carries what the last verify accepted, a resumption after idle
+    #: steps every row queued meanwhile. (One price per drafting count, before, mixed the
+    #: two: four sequences on a 2-core CPU had learnt ~40 ms from resumptions where a first
+    #: decode under way took ~6, and idled where one-token drafts paid.)
+    catch: RowCost = field(init=False)
 
     #: checkpoint rollback (a context without snapshots): seconds to save one drafting
     #: sequence's recurrent state before the verify, and to restore it after a rejection
@@ -331,14 +370,14 @@ class CostModel:
         self._passes: dict[tuple[object, ...], list[tuple[int, int]]] = {}
         self.verify = VerifyCost(self.drift, self.POINT_WEIGHT)
         self.draft = PiecewiseCost(0.004, 0.001, self.POINT_WEIGHT, self.drift)
-        self.first = PiecewiseCost(0.004, 0.001, self.POINT_WEIGHT, self.drift)
+        self.catch = RowCost(drift=self.drift)
 
     def sibling(self, split: tuple[int, bool, int] | None) -> CostModel:
         """The costs of the same engine on a target context with the other rollback mode
         (its verify cut by ``split``): the drift, the MTP draft curves and the step
         overhead are the same hardware's and shared; the verify curves are its own."""
         other = CostModel(drift=self.drift)
-        other.draft, other.first, other.overhead, other.split = self.draft, self.first, self.overhead, split
+        other.draft, other.catch, other.overhead, other.split = self.draft, self.catch, self.overhead, split
         return other
 
     def passes(self, rows: list[int], ids: list[int] | None = None) -> list[tuple[int, int]]:
@@ -387,26 +426,24 @@ class CostModel:
     def observe_restore(self, seconds: float) -> None:
         self.restore = _ewma(self.restore, seconds, 0.2)
 
-    def observe_first(self, n: int, seconds: float) -> None:
-        """A drafting step's first MTP decode took ``seconds`` with ``n`` drafting
-        sequences. An unmeasured count starts from the pure draft cost, so one slow
-        decode only moves the estimate (it must not end drafting for good)."""
-        if n not in self.first.points:
-            self.first.calibrate([(n, self.draft(n))], count=1)
-        self.first.observe(n, seconds)
+    def observe_first(self, n: int, rows: int, seconds: float) -> None:
+        """A drafting step's first MTP decode took ``seconds`` for ``n`` drafting
+        sequences and ``rows`` rows in all (their start rows and the catch-up rows it
+        carried): what it took beyond a pure draft decode of ``n`` is the rows' share."""
+        if rows > n:
+            self.catch.observe(rows - n, seconds - self.draft(n))
 
     def step_seconds(self, ks: list[int], backlog: list[int] | None = None, ids: list[int] | None = None,
-                     steady: bool = False) -> float:
+                     carry: float = 0.0) -> float:
         """Seconds of a step whose sequences (``ids``, in batch order) draft ``ks`` tokens,
-        with ``backlog`` replayed tokens each in the verify; ``steady``: sequences that
-        drafted on the step before too, whose first MTP decode is priced as a pure draft
-        decode (only the last verify's accepted rows, which a draft decode hides)."""
+        with ``backlog`` replayed tokens each in the verify, and whose first MTP decode
+        (if any sequence drafts) carries ``carry`` catch-up rows (0: a pure draft decode)."""
         rows = [1 + k for k in ks] if not backlog else [1 + k + b for k, b in zip(ks, backlog, strict=False)]
         t = self.overhead + self.verify_layout(rows, ids)
         for i in range(max(ks, default=0)):
-            n = sum(1 for k in ks if k > i)
-            # the first decode carries the same outputs as a pure one, and more rows
-            t += max(self.first(n), self.draft(n)) if i == 0 and self.first.points and not steady else self.draft(n)
+            t += self.draft(sum(1 for k in ks if k > i))
+        if carry > 0.0 and max(ks, default=0) > 0:
+            t += self.catch(carry)
         return t
 
 
@@ -597,6 +634,9 @@ class Candidate(NamedTuple):
     #: accepted tokens replayed in this verify after a checkpoint restore: a rejection
     #: restores the state from before them, so they are replayed again
     backlog: int = 0
+    #: catch-up rows queued for it on the MTP context: the step's first MTP decode
+    #: carries them if any sequence drafts (:attr:`DraftPolicy.resume_steps`)
+    pending: int = 0
 
 
 class DraftPolicy:
@@ -630,7 +670,7 @@ class DraftPolicy:
         self._quiet_accs: dict[int, Acceptance] = {}  # the sequences (and estimates) of that search
         self._quiet_due: set[int] = set()  # ... due a probe, but found not worth one on the optimistic estimates
         self._last: dict[int, int] = {}
-        self._secs: dict[tuple[int, ...], float] = {}  # step_seconds of the layouts priced this choose()
+        self._secs: dict[tuple[tuple[int, ...], float], float] = {}  # step_seconds of the layouts priced this choose()
         self.probe_every = probe_every
         #: optimism about draft positions past the first, shrinking as their evidence grows:
         #: they are tested only by drafts that reach them, so a sequence drafting one token
@@ -666,6 +706,18 @@ class DraftPolicy:
         self._ids: list[int] | None = None       # this choose()'s sequences, in batch order
         self._backlog: list[int] | None = None   # their replayed tokens (None: none)
         self._sunk = 0.0                          # what the replays cost a step that drafts nothing
+        #: catch-up rows the step's first MTP decode would carry, as priced (amortised: see
+        #: resume_steps) and as they are (what the estimate realism is measured against uses)
+        self._carry = self._carry_now = 0.0
+        #: the catch-up rows queued for sequences that did not draft on the last step (a
+        #: resumption: up to SKIP_KEEP = 8 rows each after a long idle spell, every row since
+        #: it stopped after a short one) are priced spread over this many drafting steps --
+        #: they are paid once, for the drafting run they start, and the first step of the run
+        #: priced with all of them kept four sequences at ~50% on a 2-core CPU idle where one-
+        #: token drafts made 1.04..1.11x plain; the queued rows of sequences that drafted on
+        #: the last step (what it accepted) are paid by every drafting step, and priced whole.
+        #: 1: every row priced whole.
+        self.resume_steps = RESUME_STEPS
         self.estimated_tok_s = 0.0
         self.measured_tok_s = 0.0
         #: measured over estimated tokens/s (EWMA, count) of steps that drafted (True) and did not
@@ -714,10 +766,10 @@ class DraftPolicy:
     def choose(self, cands: dict[int, Candidate] | dict[int, tuple]) -> dict[int, int]:  # type: ignore[type-arg]
         """Draft lengths for one step.
 
-        ``cands[seq] = Candidate(cap, acceptance, fixed, idle, backlog=0)``: the longest
-        draft the sequence may verify now, its acceptance estimate, a fixed draft length
-        (or None to choose), the steps since it last drafted, and the replayed tokens
-        this verify carries for it.
+        ``cands[seq] = Candidate(cap, acceptance, fixed, idle, backlog=0, pending=0)``: the
+        longest draft the sequence may verify now, its acceptance estimate, a fixed draft
+        length (or None to choose), the steps since it last drafted, the replayed tokens
+        this verify carries for it, and its catch-up rows queued on the MTP context.
 
         The search: the best common length for every choosing sequence (an MTP
         decode has a fixed cost, shared by all the sequences it drafts for), then
@@ -794,7 +846,7 @@ class DraftPolicy:
         # the estimate realism is measured against: the running estimates alone (the explore
         # bonus is optimism on purpose -- measured against it, every draft looks short)
         plain = tables if self.explore <= 0.0 else [cands[s][1].expected_table(c) for s, c in zip(seqs, caps, strict=True)]
-        self.estimated_tok_s = self._rate(ks, plain)
+        self.estimated_tok_s = self._rate(ks, plain, self._carry_now)  # this step as it will cost
         # what the next observe_step() learns from: a step that drafts (or replays) or one that does not
         self._kind = bool(sum(ks) > self._idle_rows or self._backlog is not None)
         out = dict(zip(seqs, ks, strict=True))
@@ -821,6 +873,10 @@ class DraftPolicy:
         bl = [cands[s].backlog if backlog else 0 for s in seqs]
         self._backlog = bl if any(bl) else None
         self._sunk = 0.0
+        pend = [cands[s].pending for s in seqs]
+        self._carry_now = float(sum(pend))
+        steps = max(1, self.resume_steps)
+        self._carry = float(sum(p if cands[s].idle == 0 else p / steps for s, p in zip(seqs, pend, strict=True)))
         if self._backlog is not None:
             # replayed rows are paid whatever this step drafts: a step is priced by what its
             # drafts add to them (uneven rows cut the verify into more micro-batches, a draft
@@ -1064,7 +1120,7 @@ class DraftPolicy:
         if got is None:
             c = self.costs
             base = c.step_seconds([0] * len(ks), None, ids)
-            got = self._paid_memo[key] = (base, c.step_seconds(ks, None, ids) - base, sum(ks))
+            got = self._paid_memo[key] = (base, c.step_seconds(ks, None, ids, self._carry) - base, sum(ks))
         base, drafting, total = got
         extra = drafting * k / total
         if self.replays:
@@ -1143,12 +1199,15 @@ class DraftPolicy:
         factor: int = 2 ** max(0, min(acc.fails - 1, 16))
         return min(self.probe_max, self.probe_gap * factor)
 
-    def _rate(self, ks: list[int], tables: list[list[float]]) -> float:
+    def _rate(self, ks: list[int], tables: list[list[float]], carry: float | None = None) -> float:
+        """Expected tokens per second of a step drafting ``ks``: its catch-up rows as priced
+        (``carry``: these instead)."""
+        carry = self._carry if carry is None else carry
         # without micro-batch splits a step costs the same whichever sequence drafts what
-        key = tuple(sorted(ks)) if self.costs.split is None and self._backlog is None else tuple(ks)
+        key = (tuple(sorted(ks)) if self.costs.split is None and self._backlog is None else tuple(ks), carry)
         secs = self._secs.get(key)
         if secs is None:
-            secs = self._secs[key] = self.costs.step_seconds(ks, self._backlog, self._ids) - self._sunk
+            secs = self._secs[key] = self.costs.step_seconds(ks, self._backlog, self._ids, carry) - self._sunk
         if self._rej is not None and len(self._rej) == len(ks):
             secs += self._rollback_seconds(ks, self._rej)
         rate = sum(t[k] for t, k in zip(tables, ks, strict=False)) / secs
@@ -1226,7 +1285,7 @@ class DraftPolicy:
         best k's expected tokens per second, up to ``cap``, over a step that drafts
         nothing -- the sequence drafting alone in a batch with ``others`` sequences that
         draft nothing (their tokens counted on both sides), on the running cost estimates,
-        with every first MTP decode priced as a pure draft decode (no catch-up backlog).
+        with every first MTP decode priced as a pure draft decode (no catch-up rows).
         Above 1, drafting pays once it is under way, whatever resuming it costs. The
         batch matters: on a 2-core Xeon's prices, at ~0.66 acceptance, 1.11 alone but
         0.95 next to three idle sequences (its verify rows and MTP decodes are dear
@@ -1234,7 +1293,7 @@ class DraftPolicy:
         c = self.costs
         cap = max(1, cap)
         rest = [0] * max(0, others)
-        seconds = [c.step_seconds([k, *rest], steady=True) for k in range(cap + 1)]
+        seconds = [c.step_seconds([k, *rest]) for k in range(cap + 1)]
         out = []
         for acc in accs:
             tab = acc.expected_table(cap)

@@ -1130,13 +1130,14 @@ class SpeculativeEngine:
             for q in runnable:
                 assert q.acc is not None
                 q.acc.tick()
+                pending = self.drafter.pending(q.seq)
                 if q.seq in ngram_d:
                     n = len(ngram_d[q.seq])
-                    cands[q.seq] = Candidate(n, q.acc, n, 0, q.n_backlog, self.drafter.pending(q.seq))
+                    cands[q.seq] = Candidate(n, q.acc, n, 0, q.n_backlog, pending)
                 else:
                     cap = min(caps[q.seq], self._mtp_k(q))
                     cands[q.seq] = Candidate(cap, q.acc, None if q.spec.draft_max == "auto" else cap, q.idle,
-                                             q.n_backlog, self.drafter.pending(q.seq))
+                                             q.n_backlog, pending)
             ks = self.policy.choose(cands)
         ks = self._level_tail(runnable, ks, ngram_d)
         room = self.target.n_batch - sum(q.n_backlog + 1 for q in runnable)

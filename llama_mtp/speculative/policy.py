@@ -216,18 +216,21 @@ class RowCost:
         self.rows = 0.0     # ... and of their rows
 
     @property
+    def factor(self) -> float:
+        return self.drift.factor if self.drift is not None else 1.0
+
+    @property
     def per_row(self) -> float:
         """Seconds a row at the current speed (0.0 before any sample)."""
         if self.rows <= 0.0:
             return 0.0
-        return max(0.0, self.seconds / self.rows) * (self.drift.factor if self.drift is not None else 1.0)
+        return max(0.0, self.seconds / self.rows) * self.factor
 
     def observe(self, rows: int, seconds: float) -> None:
         if rows <= 0:
             return
-        f = self.drift.factor if self.drift is not None else 1.0
         # (a sample below zero -- a timing difference lost in noise -- counts: dropping it would bias the slope up)
-        self.seconds = self.forget * self.seconds + seconds / f
+        self.seconds = self.forget * self.seconds + seconds / self.factor
         self.rows = self.forget * self.rows + rows
 
     def __call__(self, rows: float) -> float:
@@ -440,9 +443,10 @@ class CostModel:
         (if any sequence drafts) carries ``carry`` catch-up rows (0: a pure draft decode)."""
         rows = [1 + k for k in ks] if not backlog else [1 + k + b for k, b in zip(ks, backlog, strict=False)]
         t = self.overhead + self.verify_layout(rows, ids)
-        for i in range(max(ks, default=0)):
+        longest = max(ks, default=0)
+        for i in range(longest):
             t += self.draft(sum(1 for k in ks if k > i))
-        if carry > 0.0 and max(ks, default=0) > 0:
+        if carry > 0.0 and longest > 0:
             t += self.catch(carry)
         return t
 
